@@ -1,0 +1,43 @@
+# tether — the only two commands a newcomer needs are `make demo` and `make test`.
+# Both create .venv if it is missing and install everything they need into it.
+#
+# TORCH_SPEC pins the CPU wheel that lies on the build machines; a GPU user overrides it, e.g.
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= dev,ray,mcp,bench
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tether-installed
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export RAY_AUTH_MODE := disabled
+
+.PHONY: demo test test-fast bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch goes in the same command as the project so that nothing pulls a CUDA build.
+	$(PY) -m pip install --quiet $(TORCH_SPEC) -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tether demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,378 @@
+"""Typed configuration: YAML + `a.b=c` overrides, validated by pydantic (`extra="forbid"`).
+
+Every section is a pydantic model. Unknown keys are rejected with the nearest valid key
+suggested; combinations that would silently do nothing are rejected with the fix named
+(pitfalls.md item 21). The resolved config is written into the run directory.
+
+    cfg = load_config("configs/demo.yaml", ["algo.kl.coef=0.01", "train.steps=50"])
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config problem, with a message that names the key and the fix."""
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------------- model / data
+
+
+class TinyModelConfig(_Base):
+    """A small Llama-style model built locally (no hub); the tokenizer is trained on the task."""
+
+    hidden_size: int = Field(256, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(4, gt=0)
+    intermediate_size: int = Field(688, gt=0)
+    vocab_size: int = Field(256, ge=32, description="target BPE vocabulary size")
+    max_position_embeddings: int = Field(512, gt=0)
+
+
+class ModelConfig(_Base):
+    path: str | None = Field(None, description="local Hugging Face causal-LM directory")
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    autocast_bf16: bool = Field(False, description="bf16 autocast for forward passes on CPU/GPU")
+    gradient_checkpointing: bool = False
+    device: str = "cpu"
+
+
+class DataConfig(_Base):
+    task: str = Field("arith", description="built-in task name, or 'jsonl' to read `path`")
+    path: str | None = Field(None, description="JSONL file: one {prompt, answer, ...} per line")
+    eval_path: str | None = None
+    train_size: int = Field(2000, gt=0)
+    eval_size: int = Field(200, gt=0)
+    task_kwargs: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 1234
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+class SamplingConfig(_Base):
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: int = Field(32, gt=0)
+
+
+class RolloutConfig(_Base):
+    n: int = Field(8, ge=1, description="rollouts per problem (group size)")
+    problems_per_step: int = Field(16, ge=1, description="B_p: problems per RL step")
+    sampling: SamplingConfig = SamplingConfig()
+    max_prompt_tokens: int = Field(256, gt=0)
+    batch_size: int = Field(256, gt=0, description="sequences generated together")
+
+
+# ----------------------------------------------------------------------------- algorithm
+
+
+class AdvantageConfig(_Base):
+    name: str = Field("grpo", description="grpo|dr_grpo|rloo|reinforce_pp|reinforce_pp_baseline|remax|gae")
+    eps: float = Field(1e-6, gt=0, description="added to the std in normalisations")
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
+
+
+class PolicyLossConfig(_Base):
+    name: str = Field("ppo_clip", description="ppo_clip|gspo|cispo")
+    clip_low: float = Field(0.2, ge=0, description="epsilon_low: ratio floor is 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="epsilon_high: ratio cap is 1 + clip_high (DAPO: 0.28)")
+    dual_clip_c: float | None = Field(None, gt=1, description="dual-clip constant c > 1 (off by default)")
+    log_ratio_clamp: float = Field(20.0, gt=0, description="|log ratio| clamp before exp")
+
+
+class AggConfig(_Base):
+    mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"] = (
+        "token_mean"
+    )
+    max_len: int | None = Field(None, gt=0, description="constant_norm L; default max_new_tokens")
+
+
+class KLConfig(_Base):
+    coef: float = Field(0.0, ge=0, description="beta; 0 disables KL and the reference model")
+    estimator: str = Field("k3", description="k1|k2|k3|k3_iw (importance-weighted, unbiased)")
+    placement: Literal["loss", "reward"] = "loss"
+    reference: Literal["initial", "none"] = Field(
+        "initial", description="reference policy: a frozen copy of the starting weights, or none"
+    )
+    reset_every: int | None = Field(None, gt=0, description="ProRL: reset reference every N steps")
+    adaptive_target: float | None = Field(None, gt=0, description="adaptive KL controller target")
+    adaptive_horizon: int = Field(10000, gt=0)
+    clamp: float = Field(20.0, gt=0, description="|log ratio| clamp before exp")
+
+
+class ISCorrectionConfig(_Base):
+    """Rollout/trainer mismatch correction (TIS/MIS) and off-policy sequence masking."""
+
+    mode: Literal["none", "truncate", "mask"] = "truncate"
+    level: Literal["token", "sequence"] = "token"
+    threshold_high: float = Field(2.0, gt=1)
+    threshold_low: float | None = Field(None, gt=0, lt=1, description="mask mode: lower bound")
+    off_policy_mask_delta: float | None = Field(None, gt=0, description="DeepSeek-V3.2 delta")
+
+
+class DynamicSamplingConfig(_Base):
+    enable: bool = False
+    max_gen_batches: int = Field(4, ge=1, description="extra generation rounds to refill")
+    tol: float = Field(1e-6, ge=0, description="a group is zero-variance if max-min <= tol")
+
+
+class ShapingConfig(_Base):
+    overlong_cache_len: int | None = Field(None, gt=0, description="DAPO soft overlong buffer")
+    overlong_factor: float = Field(1.0, ge=0)
+    length_penalty_coef: float = Field(0.0, ge=0, description="Kimi k1.5 length reward weight")
+
+
+class ValueConfig(_Base):
+    clip: float = Field(0.5, gt=0, description="value clip range epsilon_v")
+    coef: float = Field(0.5, ge=0, description="value-loss weight")
+    lr: float = Field(1e-4, gt=0)
+
+
+class AlgoConfig(_Base):
+    advantage: AdvantageConfig = AdvantageConfig()
+    policy_loss: PolicyLossConfig = PolicyLossConfig()
+    agg: AggConfig = AggConfig()
+    kl: KLConfig = KLConfig()
+    correction: ISCorrectionConfig = ISCorrectionConfig()
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    shaping: ShapingConfig = ShapingConfig()
+    value: ValueConfig = ValueConfig()
+    entropy_coef: float = Field(0.0, description="entropy bonus weight (loss -= coef * H)")
+    epochs: int = Field(1, ge=1, description="M: passes over each rollout batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass")
+
+
+# ----------------------------------------------------------------------------- train / eval / io
+
+
+class TrainConfig(_Base):
+    steps: int = Field(100, ge=0)
+    lr: float = Field(1e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(8192, gt=0, description="token budget per micro-batch")
+    max_bad_steps: int = Field(3, ge=1, description="halt after this many non-finite steps in a row")
+
+
+class SFTConfig(_Base):
+    steps: int = Field(300, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(32, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    train_size: int | None = Field(None, gt=0, description="demonstrations to generate")
+
+
+class RewardComponentConfig(_Base):
+    name: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardConfig(_Base):
+    components: list[RewardComponentConfig] = Field(
+        default_factory=lambda: [RewardComponentConfig(name="exact_match")]
+    )
+    correctness: str | None = Field(
+        None, description="component whose value > 0 means verified-correct (default: first)"
+    )
+    timeout_s: float = Field(5.0, gt=0)
+    isolation: Literal["process", "thread", "inline"] = "process"
+    on_error: Literal["mask", "zero"] = "mask"
+    max_error_rate: float = Field(0.5, gt=0, le=1, description="stop if a step's error rate exceeds it")
+
+
+class EvalConfig(_Base):
+    every: int = Field(0, ge=0, description="evaluate every N steps (0: only at start and end)")
+    problems: int | None = Field(None, gt=0, description="held-out problems (default: all)")
+    samples: int = Field(4, ge=1, description="samples per problem for pass@1 / pass@k")
+    sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+
+
+class CheckpointConfig(_Base):
+    every: int = Field(50, ge=0, description="0 disables periodic checkpoints")
+    keep: int = Field(2, ge=1)
+
+
+class LoggingConfig(_Base):
+    tensorboard: bool = True
+    wandb: bool = False
+    mlflow: bool = False
+    project: str = "tether"
+    samples_per_step: int = Field(8, ge=0, description="completions stored per step")
+    progress: bool = True
+
+
+class HealthConfig(_Base):
+    mode: Literal["off", "advise", "auto"] = "advise"
+
+
+class RunConfig(_Base):
+    name: str = "run"
+    seed: int = 0
+    deterministic: bool = False
+    threads: int | None = Field(None, gt=0, description="torch intra-op threads")
+
+
+class TetherConfig(_Base):
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+    sft: SFTConfig = SFTConfig()
+    reward: RewardConfig = RewardConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    health: HealthConfig = HealthConfig()
+
+    @model_validator(mode="after")
+    def _no_silent_noops(self) -> "TetherConfig":
+        for problem in find_noop_combinations(self):
+            raise ValueError(problem)
+        return self
+
+
+def find_noop_combinations(cfg: TetherConfig) -> list[str]:
+    """Flag settings that would silently do nothing or cannot work (pitfalls.md #21)."""
+    out: list[str] = []
+    kl, algo = cfg.algo.kl, cfg.algo
+    if kl.coef > 0 and kl.reference == "none":
+        out.append("algo.kl.coef > 0 needs a reference policy: set algo.kl.reference=initial or algo.kl.coef=0")
+    if kl.coef == 0 and kl.reset_every is not None:
+        out.append("algo.kl.reset_every does nothing with algo.kl.coef=0: set a coefficient or drop reset_every")
+    if kl.coef == 0 and kl.adaptive_target is not None:
+        out.append("algo.kl.adaptive_target needs an initial algo.kl.coef > 0")
+    group_based = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+    if algo.advantage.name in group_based and cfg.rollout.n < 2:
+        out.append(
+            f"algo.advantage.name={algo.advantage.name} compares rollouts of one problem: "
+            "set rollout.n >= 2 (or use reinforce_pp / gae)"
+        )
+    if algo.dynamic_sampling.enable and cfg.rollout.n < 2:
+        out.append("algo.dynamic_sampling needs rollout.n >= 2 to see reward variance")
+    if algo.correction.mode == "mask" and algo.correction.threshold_low is None:
+        out.append("algo.correction.mode=mask needs algo.correction.threshold_low (e.g. 0.5)")
+    if algo.correction.mode != "mask" and algo.correction.threshold_low is not None:
+        out.append("algo.correction.threshold_low only applies to mode=mask")
+    if cfg.reward.correctness is not None:
+        names = [c.name for c in cfg.reward.components]
+        if cfg.reward.correctness not in names:
+            out.append(f"reward.correctness={cfg.reward.correctness!r} is not one of reward.components {names}")
+    if cfg.data.task == "jsonl" and not cfg.data.path:
+        out.append("data.task=jsonl needs data.path=<file.jsonl>")
+    return out
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (['a','b','c'], value parsed as YAML: 3 -> int, true -> bool)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for ov in overrides:
+        path, value = parse_override(ov)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at `loc` (for 'did you mean')."""
+    model: Any = TetherConfig
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return model
+        model = field.annotation
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        dotted = ".".join(str(p) for p in loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            valid = sorted(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f" — did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))!r}?" if close else ""
+            lines.append(f"unknown key {dotted!r}{hint} (valid here: {', '.join(valid)})")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            got = "" if e["type"] == "value_error" else f" (got {e.get('input')!r})"
+            lines.append(f"{dotted}: {msg}{got}" if loc else msg)
+    return f"invalid config {source}: " + "; ".join(lines)
+
+
+def build_config(data: dict[str, Any], source: str = "<dict>") -> TetherConfig:
+    try:
+        return TetherConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TetherConfig:
+    """Read YAML (or start from defaults when `path` is None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{p}: not valid YAML: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        data = loaded or {}
+        source = str(p)
+        data.setdefault("run", {}).setdefault("name", p.stem)
+    data = apply_overrides(data, overrides or [])
+    return build_config(data, source)
+
+
+def dump_config(cfg: TetherConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

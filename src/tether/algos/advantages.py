@@ -101,6 +101,9 @@ def _keep_BT(inp: AdvantageInputs) -> torch.Tensor:
 def compute_masked_whiten(x_BT: torch.Tensor, keep_BT: torch.Tensor, eps: float) -> torch.Tensor:
     """(x - mean) / (std + eps) over the kept positions (Bessel std, float64); 0 elsewhere.
 
+    The batch whitening of REINFORCE++ (arXiv 2501.03262) and of GAE advantages in PPO
+    implementations (verl `masked_whiten`, with Bessel variance; OpenRLHF uses the biased one).
+
     Centred on the first kept value before averaging so that a constant input gives exact 0.
     Fewer than two kept positions: std = 0 (a single token is centred to 0).
     """
@@ -156,7 +159,7 @@ def compute_dr_grpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Ad
 
 @ADVANTAGES.register("rloo")
 def compute_rloo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
-    """RLOO (Ahmadian et al., arXiv 2402.14740 §3): A_i = R_i - (1/(k-1)) sum_{j != i} R_j.
+    """RLOO (Ahmadian et al., arXiv 2402.14740, "REINFORCE Leave-One-Out"): A_i = R_i - (1/(k-1)) sum_{j != i} R_j.
 
     Computed in the leave-one-out form (equal to k/(k-1) (R_i - mean)). Group of one -> 0 (no
     other sample to form a baseline; verl's loop path returns R there, its vectorised path 0).
@@ -170,7 +173,7 @@ def compute_rloo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Advan
 
 @ADVANTAGES.register("remax")
 def compute_remax_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
-    """ReMax (Li et al., arXiv 2310.10505 §4): A = r(x, y_sampled) - r(x, y_greedy), no normalisation.
+    """ReMax (Li et al., arXiv 2310.10505, the ReMax algorithm): A = r(x, y_sampled) - r(x, y_greedy), no normalisation.
 
     baseline_B holds the reward of the greedy rollout of each sequence's prompt.
     """
@@ -186,7 +189,7 @@ def compute_remax_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Adva
 
 @ADVANTAGES.register("reinforce_pp")
 def compute_reinforce_pp_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
-    """REINFORCE++ (Hu et al., arXiv 2501.03262 §3): token reward-to-go, then global whitening.
+    """REINFORCE++ (Hu et al., arXiv 2501.03262, global advantage normalisation): token reward-to-go, then global whitening.
 
     A_t = sum_{s >= t} gamma^(s-t) r_s over the action tokens of the sequence (token_rewards_BT:
     outcome on the last action token, minus any per-token KL penalty), then whitened over all
@@ -203,7 +206,7 @@ def compute_reinforce_pp_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) 
 
 @ADVANTAGES.register("reinforce_pp_baseline")
 def compute_reinforce_pp_baseline_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
-    """REINFORCE++-baseline (arXiv 2501.03262 §3): R_i - group mean, broadcast, global whitening.
+    """REINFORCE++-baseline (Hu et al., arXiv 2501.03262): R_i - group mean, broadcast, global whitening.
 
     The group mean counts each trajectory once; a group of one gets 0 before whitening (verl keeps
     R there). Whitening runs over the masked tokens of valid sequences, so long responses weigh
@@ -253,7 +256,7 @@ def compute_gae_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Advant
 def normalize_by_task(
     advantages_BT: torch.Tensor, mask_BT: torch.Tensor, task_B: torch.Tensor, eps: float = 1e-6
 ) -> torch.Tensor:
-    """Task-level advantage normalisation (AgentRL, arXiv 2510.04206 §3): whiten per task.
+    """Task-level advantage normalisation (AgentRL, Zhang et al., arXiv 2510.04206): whiten per task.
 
     Each task type's advantages are whitened separately over its masked tokens, so tasks with
     different reward scales contribute comparably in multi-task RL. (The paper gives no equation;

@@ -49,7 +49,7 @@ class AggNorm:
 
 
 def compute_agg_norm(mask_BT: torch.Tensor, max_len: int | None = None) -> AggNorm:
-    """Global denominators of a mini-batch.
+    """Global denominators of a mini-batch (DESIGN rule 7; pitfalls.md item 7).
 
     mask_BT: [B,T] loss mask of the WHOLE mini-batch (before any micro-batch split).
     max_len: L_max for `constant_norm`; pass a constant (AggConfig.max_len, default the

@@ -64,7 +64,7 @@ def compute_kl_k2(inp: KLInputs, cfg: KLConfig) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def compute_kl_k3(inp: KLInputs, cfg: KLConfig) -> torch.Tensor:
-    """k3 = rho - 1 - log rho, rho = pi_ref / pi_theta (GRPO's KL, arXiv 2402.03300 §4.1, Eq. 4).
+    """k3 = rho - 1 - log rho, rho = pi_ref / pi_theta (GRPO's KL, arXiv 2402.03300 §4.1).
 
     The log-ratio is clamped to +-cfg.clamp before exp; the gradient is zero where it binds.
     """
@@ -95,7 +95,7 @@ def compute_kl_in_reward(
     estimator: str = "k1",
     clamp: float = 20.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL as a reward penalty (Ziegler et al., arXiv 1909.08593 §2; REINFORCE++ arXiv 2501.03262 §3).
+    """KL as a reward penalty (Ziegler et al., arXiv 1909.08593 §2.2; REINFORCE++ arXiv 2501.03262).
 
     r_t <- r_t - coef * KL_t on masked tokens, KL from the sampling policy's log-probs (old_logp)
     against the reference, with the named estimator (default k1, as verl and OpenRLHF).

@@ -78,7 +78,7 @@ def _clipped_surrogate(
     loss_BT = torch.maximum(unclipped_BT, clipped_BT)
     metrics: Metrics = {}
     if cfg.dual_clip_c is not None:
-        # Dual-clip (Ye et al., arXiv 1912.09729 §4.1): for A < 0 the loss is capped at -c A, so a
+        # Dual-clip (Ye et al., arXiv 1912.09729): for A < 0 the loss is capped at -c A, so a
         # huge ratio on a negative-advantage token cannot produce an unbounded update.
         cap_BT = -adv_BT * cfg.dual_clip_c
         dual_BT = (adv_BT < 0) & (cap_BT < loss_BT)

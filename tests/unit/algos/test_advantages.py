@@ -414,3 +414,17 @@ def test_misspelled_estimator_lists_valid_names():
     assert "Did you mean 'grpo'" in msg
     for name in ["dr_grpo", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo"]:
         assert name in msg
+
+
+@pytest.mark.parametrize("name", ["reinforce_pp", "gae"])
+def test_reward_on_padding_does_not_leak_into_peers(name):
+    # pitfalls.md #10 (verl PR#6310): an empty response whose reward was written at index -1, and
+    # a reward on the first pad after a response, must not change anyone's advantage.
+    clean = [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    dirty = [[0.0, 1.0, 7.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    values = [[0.1, 0.2, 0.3]] * 3
+    kw = dict(lengths=[2, 0, 1], T=3, values=values)
+    a = run(name, make_inputs([1, 1, 1], token_rewards=clean, **kw)).advantages_BT
+    b = run(name, make_inputs([1, 1, 1], token_rewards=dirty, **kw)).advantages_BT
+    assert torch.equal(a, b)
+    assert (b[1] == 0).all()

@@ -89,9 +89,9 @@ def _group_stats(x_U: torch.Tensor, group_U: torch.Tensor, keep_U: torch.Tensor)
 
 def _broadcast(adv_U: torch.Tensor, seq_to_traj_B: torch.Tensor, inp: AdvantageInputs) -> torch.Tensor:
     """Trajectory advantage -> [B,T], exactly 0 off-mask and on invalid sequences."""
-    adv_B = torch.where(inp.valid_B, adv_U[seq_to_traj_B], torch.zeros((), dtype=_F64))
+    adv_B = torch.where(inp.valid_B, adv_U[seq_to_traj_B], 0.0)
     keep_BT = inp.mask_BT > 0
-    return torch.where(keep_BT, adv_B[:, None], torch.zeros((), dtype=_F64)).to(_out_dtype(inp))
+    return torch.where(keep_BT, adv_B[:, None], 0.0).to(_out_dtype(inp))
 
 
 def _keep_BT(inp: AdvantageInputs) -> torch.Tensor:
@@ -189,7 +189,7 @@ def compute_remax_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Adva
 
 @ADVANTAGES.register("reinforce_pp")
 def compute_reinforce_pp_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
-    """REINFORCE++ (Hu et al., arXiv 2501.03262, global advantage normalisation): token reward-to-go, then global whitening.
+    """REINFORCE++ (Hu et al., arXiv 2501.03262): token reward-to-go, then global whitening.
 
     A_t = sum_{s >= t} gamma^(s-t) r_s over the action tokens of the sequence (token_rewards_BT:
     outcome on the last action token, minus any per-token KL penalty), then whitened over all
@@ -243,8 +243,8 @@ def compute_gae_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Advant
         running_B = torch.where(k_B, delta_B + cfg.gamma * cfg.lam * running_B, running_B)
         next_value_B = torch.where(k_B, v_B, next_value_B)
         raw_BT[:, t] = torch.where(k_B, running_B, zeros_B)
-    values_BT = torch.where(keep_BT, inp.values_BT.to(_F64), torch.zeros((), dtype=_F64))
-    returns_BT = torch.where(keep_BT, raw_BT + values_BT, torch.zeros((), dtype=_F64))
+    values_BT = torch.where(keep_BT, inp.values_BT.to(_F64), 0.0)
+    returns_BT = torch.where(keep_BT, raw_BT + values_BT, 0.0)
     dtype = _out_dtype(inp)
     adv_BT = compute_masked_whiten(raw_BT, keep_BT, cfg.eps)
     return AdvantageOutputs(advantages_BT=adv_BT.to(dtype), returns_BT=returns_BT.to(dtype))

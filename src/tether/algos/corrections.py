@@ -109,8 +109,8 @@ def compute_mismatch_metrics(
         probs = torch.softmax(log_rho_BT.sum(dim=-1)[nonempty_B], dim=0)
         ess = 1.0 / (probs.numel() * probs.square().sum())
     else:
-        ess = torch.ones((), dtype=torch.float64)
-    gap_max = gap_BT[keep_BT].max() if bool(keep_BT.any()) else torch.zeros((), dtype=torch.float64)
+        ess = torch.ones_like(gap_BT.sum())
+    gap_max = gap_BT[keep_BT].max() if bool(keep_BT.any()) else torch.zeros_like(gap_BT.sum())
     return {
         "logp_gap_mean": _masked_mean(gap_BT, keep_BT),
         "logp_gap_max": gap_max.float(),

@@ -35,7 +35,7 @@ def _masked_mean(x_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
 
 def _masked_max(x_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
     if not bool(keep_BT.any()):
-        return torch.zeros(())
+        return torch.zeros((), device=x_BT.device)
     return x_BT.detach().float()[keep_BT].max()
 
 

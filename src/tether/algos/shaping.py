@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def compute_overlong_penalty(lengths_B: torch.Tensor, max_len: int, cache_len: int, factor: float = 1.0) -> torch.Tensor:
+def compute_overlong_penalty(
+    lengths_B: torch.Tensor, max_len: int, cache_len: int, factor: float = 1.0
+) -> torch.Tensor:
     """DAPO soft overlong punishment (Yu et al., arXiv 2503.14476 §3.4), [B] -> [B].
 
     With L_exp = max_len - cache_len:

@@ -83,8 +83,11 @@ def _logit_setup(seed=0):
     B, T, V = 3, 5, 7
     logits = torch.randn(B, T, V, generator=gen, dtype=torch.float64).requires_grad_(True)
     tokens = torch.randint(0, V, (B, T), generator=gen)
-    ref = torch.log_softmax(torch.randn(B, T, V, generator=gen, dtype=torch.float64), -1).gather(-1, tokens[..., None])[..., 0]
-    old = torch.log_softmax(torch.randn(B, T, V, generator=gen, dtype=torch.float64), -1).gather(-1, tokens[..., None])[..., 0]
+    def sampled_logp(logits_BTV):
+        return torch.log_softmax(logits_BTV, -1).gather(-1, tokens[..., None])[..., 0]
+
+    ref = sampled_logp(torch.randn(B, T, V, generator=gen, dtype=torch.float64))
+    old = sampled_logp(torch.randn(B, T, V, generator=gen, dtype=torch.float64))
     mask = (torch.arange(T)[None] < torch.tensor([5, 3, 1])[:, None]).to(torch.float64)
     return logits, tokens, ref, old, mask
 

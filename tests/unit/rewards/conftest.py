@@ -1,0 +1,10 @@
+"""Reward tests: make `reward_stubs` importable as `reward_stubs:<fn>` (user-function paths)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

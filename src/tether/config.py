@@ -55,6 +55,7 @@ class DataConfig(_Base):
     train_size: int = Field(2000, gt=0)
     eval_size: int = Field(200, gt=0)
     task_kwargs: dict[str, Any] = Field(default_factory=dict)
+    chat: bool = Field(False, description="render prompts with the tokenizer's chat template")
     seed: int = 1234
 
 
@@ -151,6 +152,10 @@ class AlgoConfig(_Base):
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     shaping: ShapingConfig = ShapingConfig()
     value: ValueConfig = ValueConfig()
+    compact_filter: dict[str, Literal["mask", "keep", "zero"]] = Field(
+        default_factory=dict,
+        description="per stop reason (length, max_turns, timeout, ...): mask | keep | zero",
+    )
     entropy_coef: float = Field(0.0, description="entropy bonus weight (loss -= coef * H)")
     epochs: int = Field(1, ge=1, description="M: passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass")

@@ -1,0 +1,30 @@
+"""Optimizer and learning-rate schedule (torch AdamW + LambdaLR)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_optimizer(params, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("no trainable parameters")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0, schedule: str = "constant"):
+    """Linear warm-up, then constant / cosine / linear decay over `total_steps` optimizer steps."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant" or total_steps <= warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress  # linear
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,281 @@
+"""The transformers backend: sampling with log-probs, and chunked log-prob / entropy scoring.
+
+Sampling is tether's own loop over a KV cache (not `model.generate`) so that:
+- the returned log-probs are exactly those of the distribution sampled from (logits / T, after
+  any top-k/top-p truncation) — tinker-feedback#148, tinker-cloud PR#26;
+- no generation-config default (HF's top_k=50) silently filters the sampler (Golubev et al.);
+- left padding gets correct position ids (OpenRLHF#217, trl#6800);
+- finish reasons come from the sampled ids and the set of stop ids (several eos ids allowed,
+  pad may equal eos — trl PR#7039, PR#6357).
+
+Scoring runs the backbone once and applies the LM head in chunks of positions, with activation
+checkpointing per chunk when gradients are needed, so the B x T x V logits never exist at once
+(pitfall 13: SkyRL PR#1610, trl PR#4013).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from tether.config import SamplingConfig
+from tether.types import Sample, StopReason
+
+
+@dataclass
+class HFPolicy:
+    """A causal LM with its tokenizer and the ids that end a generation."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    stop_ids: tuple[int, ...]
+    pad_id: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    autocast_bf16: bool = False
+    version: int = 0  # bumped by the recipe after every optimizer step
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+
+def find_stop_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a generation: generation_config / config eos ids and the tokenizer's."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ValueError("the model and tokenizer define no eos token id; generation could never stop")
+    return tuple(sorted(ids))
+
+
+def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", autocast_bf16: bool = False) -> HFPolicy:
+    """Load any local causal-LM directory with `from_pretrained` (offline)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"model.path={str(path)!r}: no such directory (a local Hugging Face model directory is expected)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={str(path)!r}: no config.json inside — is this a Hugging Face model directory?")
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    return make_policy(model, tokenizer, device=device, autocast_bf16=autocast_bf16)
+
+
+def make_policy(model, tokenizer, device: str = "cpu", autocast_bf16: bool = False) -> HFPolicy:
+    stop_ids = find_stop_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id
+    if pad is None:  # common for base models: pad with eos; masks never look at token values
+        pad = stop_ids[0]
+    dev = torch.device(device)
+    model.to(dev)
+    return HFPolicy(model=model, tokenizer=tokenizer, stop_ids=stop_ids, pad_id=int(pad), device=dev, autocast_bf16=autocast_bf16)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then nucleus truncation; removed entries become -inf."""
+    if top_k and top_k < logits_BV.shape[-1]:
+        kth = torch.topk(logits_BV, top_k, dim=-1).values[..., -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits_BV, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, idx, drop_sorted)
+        logits_BV = logits_BV.masked_fill(drop, float("-inf"))
+    return logits_BV
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.inference_mode()
+def run_generate(
+    policy: HFPolicy,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    batch_size: int = 256,
+    greedy: bool = False,
+) -> list[Sample]:
+    """Sample one continuation per prompt (batched, KV cache). See module docstring."""
+    out: list[Sample] = []
+    for start in range(0, len(prompts), batch_size):
+        out.extend(_generate_batch(policy, prompts[start:start + batch_size], sampling, generator, greedy))
+    return out
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample]:
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: every prompt needs at least one token")
+    model, dev = policy.model, policy.device
+    ids, mask = _left_pad(prompts, policy.pad_id, dev)
+    B = ids.shape[0]
+    max_new = min(sampling.max_new_tokens, policy.max_positions - ids.shape[1])
+    if max_new <= 0:
+        raise ValueError(f"prompt of {ids.shape[1]} tokens leaves no room in the model's {policy.max_positions} positions")
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    stop = torch.tensor(policy.stop_ids, device=dev)
+    tokens = torch.full((B, max_new), policy.pad_id, dtype=torch.long, device=dev)
+    logps = torch.zeros((B, max_new), dtype=torch.float32, device=dev)
+    lengths = torch.full((B,), max_new, dtype=torch.long, device=dev)
+    finished = torch.zeros(B, dtype=torch.bool, device=dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
+        res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    cache_kw = _cache_kwarg(model)
+    cache, next_pos = res[cache_kw], pos[:, -1] + 1
+    for t in range(max_new):
+        logits = res.logits[:, -1].float()
+        if greedy:
+            logp_V = torch.log_softmax(logits, -1)
+            tok = logits.argmax(-1)
+        else:
+            logp_V = torch.log_softmax(_filter_logits(logits / sampling.temperature, sampling.top_k, sampling.top_p), -1)
+            tok = torch.multinomial(logp_V.exp(), 1, generator=generator).squeeze(-1)
+        tok = torch.where(finished, torch.full_like(tok, policy.pad_id), tok)
+        tokens[:, t] = tok
+        logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
+        newly = ~finished & torch.isin(tok, stop)
+        lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
+        finished |= newly
+        if bool(finished.all()) or t == max_new - 1:
+            break
+        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=1)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
+            res = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], use_cache=True, **{cache_kw: cache})
+        cache, next_pos = res[cache_kw], next_pos + 1
+    tokens, logps, lengths, finished = tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu()
+    samples = []
+    for i in range(B):
+        n = int(lengths[i])
+        samples.append(Sample(
+            prompt_ids=tuple(prompts[i]),
+            token_ids=tuple(tokens[i, :n].tolist()),
+            logprobs=tuple(logps[i, :n].tolist()),
+            finish=StopReason.EOS if bool(finished[i]) else StopReason.LENGTH,
+            policy_version=policy.version,
+        ))
+    return samples
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def _backbone_and_head(model: torch.nn.Module):
+    head = model.get_output_embeddings()
+    backbone = getattr(model, model.base_model_prefix, None) if hasattr(model, "base_model_prefix") else None
+    if backbone is None or backbone is model:
+        backbone = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if head is None or backbone is None:
+        raise TypeError(f"{type(model).__name__}: cannot find backbone and LM head for chunked scoring")
+    return backbone, head
+
+
+def _chunk_logp_entropy(h_BCH, weight_VH, bias_V, targets_BC, inv_temp: float, softcap: float | None, with_entropy: bool):
+    # fp32 logits: the LM head runs outside autocast (ScaleRL: FP32 logits matter)
+    logits = F.linear(h_BCH.float(), weight_VH.float(), None if bias_V is None else bias_V.float())
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits * inv_temp
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets_BC[..., None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    ent = lse - (logits.softmax(-1) * logits).sum(-1)
+    return logp, ent
+
+
+def compute_logprobs(
+    policy: HFPolicy,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs (and entropies) of `input_ids_BT` under the policy at `temperature`.
+
+    Returns logp_BT, entropy_BT: [B,T]; entry t scores token t given tokens < t; column 0 is 0.
+    Sequences are right-padded (positions are 0..L-1 for real tokens). Gradients flow when
+    enabled by the caller; each chunk of positions is checkpointed so only hidden states are kept.
+    """
+    model = policy.model
+    backbone, head = _backbone_and_head(model)
+    ids = input_ids_BT.to(policy.device)
+    am = attention_mask_BT.to(policy.device).long()
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    with torch.autocast(policy.device.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
+        hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
+    h, targets = hidden[:, :-1], ids[:, 1:]
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    weight, bias = head.weight, getattr(head, "bias", None)
+    lps, ents = [], []
+    for s in range(0, h.shape[1], chunk_size):
+        args = (h[:, s:s + chunk_size], weight, bias, targets[:, s:s + chunk_size], 1.0 / temperature, softcap, with_entropy)
+        if torch.is_grad_enabled() and h.shape[1] > chunk_size:
+            lp, en = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)
+        else:
+            lp, en = _chunk_logp_entropy(*args)
+        lps.append(lp)
+        ents.append(en)
+    zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
+    return torch.cat([zero] + lps, dim=1), torch.cat([zero] + ents, dim=1)
+
+
+class ValueModel(torch.nn.Module):
+    """A critic for PPO/GAE: the policy's backbone architecture with a scalar head.
+
+    values_BT[:, t] = V(s_t), the value of the state in which token t is chosen (prefix < t),
+    aligned with `compute_logprobs`.
+    """
+
+    def __init__(self, policy_model: torch.nn.Module) -> None:
+        super().__init__()
+        import copy
+
+        backbone, _ = _backbone_and_head(policy_model)
+        self.backbone = copy.deepcopy(backbone)
+        hidden = policy_model.config.hidden_size
+        self.head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
+        am = attention_mask_BT.long()
+        pos = (am.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.backbone(input_ids=input_ids_BT, attention_mask=am, position_ids=pos).last_hidden_state
+        v = self.head(hidden.float()).squeeze(-1)  # v[:, t] = value after reading token t
+        zero = torch.zeros_like(v[:, :1])
+        return torch.cat([zero, v[:, :-1]], dim=1)

@@ -1,0 +1,131 @@
+"""Set-up shared by the recipes: seeding, problems, the policy, the reference model, progress."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from tether.config import TetherConfig
+from tether.policy.hf import HFPolicy, load_policy, make_policy
+from tether.tasks import demonstration, load_jsonl, make_splits
+
+
+def seed_everything(seed: int, deterministic: bool = False, threads: int | None = None) -> None:
+    """One seed reaches python, numpy and torch (pitfall 22)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, held-out) problems from a built-in task or JSONL files."""
+    d = cfg.data
+    if d.task == "jsonl":
+        train = load_jsonl(d.path)
+        held = load_jsonl(d.eval_path) if d.eval_path else train[: min(len(train), d.eval_size)]
+        return train, held
+    return make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)
+
+
+def tokenizer_corpus(cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[str]:
+    texts = []
+    for p in problems:
+        demo = p.get("completion") or (demonstration(cfg.data.task, p) if cfg.data.task != "jsonl" else p["answer"])
+        texts.append(p["prompt"] + demo)
+    return texts
+
+
+def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]]) -> HFPolicy:
+    """Load `model.path`, or build a tiny model + tokenizer for the task (saved to base_model/)."""
+    m = cfg.model
+    if m.path:
+        return load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
+    from tether.policy.tiny import build_tiny_model, build_tokenizer
+
+    out = Path(run_dir) / "base_model"
+    tok = build_tokenizer(tokenizer_corpus(cfg, problems), m.tiny.vocab_size)
+    model = build_tiny_model(m.tiny, tok, out, seed=cfg.run.seed)
+    if m.dtype == "bfloat16":
+        model.to(torch.bfloat16)
+    return make_policy(model, tok, m.device, m.autocast_bf16)
+
+
+def make_reference(policy: HFPolicy) -> HFPolicy:
+    """A frozen copy of the policy's current weights (KL reference)."""
+    model = copy.deepcopy(policy.model)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return HFPolicy(model, policy.tokenizer, policy.stop_ids, policy.pad_id, policy.device, policy.autocast_bf16, policy.version)
+
+
+def reset_reference(ref: HFPolicy, policy: HFPolicy) -> None:
+    """ProRL (arXiv 2505.24864 §2.2): hard-reset the reference to the current policy."""
+    ref.model.load_state_dict(policy.model.state_dict())
+    ref.version = policy.version
+
+
+class StopRequested:
+    """Set by Ctrl-C (SIGINT) / SIGTERM: the loop finishes the step, checkpoints and exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __bool__(self) -> bool:
+        return self.requested
+
+
+@contextmanager
+def graceful_interrupt() -> Iterator[StopRequested]:
+    flag = StopRequested()
+    previous = {}
+
+    def handler(signum, frame):  # second Ctrl-C aborts immediately
+        if flag.requested:
+            raise KeyboardInterrupt
+        flag.requested = True
+        print("\n[tether] stop requested: finishing this step, saving a checkpoint (Ctrl-C again to abort)", flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield flag
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+@contextmanager
+def progress_bar(total: int, description: str, enabled: bool = True, start: int = 0):
+    """A rich progress bar; `update(step, **fields)` advances it and shows reward/step time."""
+    if not enabled:
+        yield lambda *a, **k: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
+    with Progress(*cols, transient=False) as prog:
+        task = prog.add_task(description, total=total, completed=start, info="")
+
+        def update(step: int, **fields: float) -> None:
+            info = "  ".join(f"{k}={v:.3g}" for k, v in fields.items())
+            prog.update(task, completed=step, info=info)
+
+        yield update

@@ -1,0 +1,264 @@
+"""RL recipe: synchronous on-policy RL on one device (GRPO by default; every estimator/loss in
+`tether.algos` is selectable from the config).
+
+One step, top to bottom (see `run_rl_step`):
+  problems -> rollouts (B_p x n, batched) -> rewards (isolated) -> shaping -> dynamic sampling
+  -> compact filtering -> sequences -> advantages -> M epochs of updates -> metrics -> checkpoint
+
+Deliberate simplifications:
+- rollout and training share one model in one process, so there is no weight sync: the rollout
+  log-probs come from the same weights the trainer starts from (the gap is still measured and
+  logged, because numerics differ between KV-cache decoding and a full forward);
+- with `algo.epochs == 1` and `algo.mini_batches == 1` pi_old is taken from the training forward
+  itself (detached) instead of a separate scoring pass — identical by construction;
+- the reference policy (KL) and the critic (GAE) are in-memory copies of the starting weights;
+- dynamic sampling refills the batch by drawing more problems, at most `max_gen_batches` times,
+  then trains on what it has (the shortfall is logged).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.algos import ADVANTAGES, AdaptiveKLController, AdvantageInputs, compute_kl_in_reward
+from tether.batching import build_records, pad_records
+from tether.config import TetherConfig, dump_config
+from tether.data import ProblemStream
+from tether.eval.runner import run_eval
+from tether.groups import apply_reward_shaping, compute_compact_weights, select_informative_groups
+from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from tether.io.plots import plot_metrics
+from tether.io.run_dir import RunDir, make_run_dir
+from tether.io.sinks import build_sinks
+from tether.optim import build_optimizer, build_scheduler
+from tether.policy.hf import HFPolicy, ValueModel
+from tether.recipes.common import (
+    graceful_interrupt, make_reference, progress_bar, reset_reference, seed_everything, setup_policy, setup_problems,
+)
+from tether.rollout import compute_rollout_stats, run_rollouts
+from tether.types import TrainBatch, TrajectoryGroup
+from tether.update import UpdateState, compute_batch_logprobs, run_update
+
+
+class RLState:
+    """Everything the loop mutates; checkpointed as a whole."""
+
+    def __init__(self, cfg: TetherConfig, policy: HFPolicy, train_problems: list[dict[str, Any]]) -> None:
+        a, t = cfg.algo, cfg.train
+        self.policy = policy
+        self.stream = ProblemStream(train_problems, cfg.run.seed)
+        self.generator = torch.Generator().manual_seed(cfg.run.seed)
+        params = list(policy.model.parameters())
+        self.critic = ValueModel(policy.model).to(policy.device) if a.advantage.name == "gae" else None
+        self.optimizer = build_optimizer(params, t.lr, t.weight_decay, t.betas)
+        if self.critic is not None:
+            self.optimizer.add_param_group({"params": list(self.critic.parameters()), "lr": a.value.lr})
+        total = max(1, t.steps * a.epochs * a.mini_batches)
+        self.scheduler = build_scheduler(self.optimizer, total, t.warmup_steps, t.schedule)
+        self.ref = make_reference(policy) if a.kl.coef > 0 and a.kl.reference == "initial" else None
+        self.kl_ctl = AdaptiveKLController(a.kl.coef, a.kl.adaptive_target, a.kl.adaptive_horizon) if a.kl.adaptive_target else None
+        self.update = UpdateState(kl_coef=a.kl.coef)
+        self.step = 0
+
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "data": self.stream.state_dict(), "generator": self.generator.get_state(),
+            "update": vars(self.update).copy(), "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl else None,
+            "policy_version": self.policy.version,
+            "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.model.state_dict().items()},
+            "critic": None if self.critic is None else self.critic.state_dict(),
+        }
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        self.step = int(extra["step"])
+        self.stream.load_state_dict(extra["data"])
+        self.generator.set_state(extra["generator"])
+        self.update = UpdateState(**extra["update"])
+        self.policy.version = int(extra["policy_version"])
+        if self.kl_ctl and extra.get("kl_ctl"):
+            self.kl_ctl.load_state_dict(extra["kl_ctl"])
+        if self.ref is not None and extra.get("ref") is not None:
+            self.ref.model.load_state_dict(extra["ref"])
+        if self.critic is not None and extra.get("critic") is not None:
+            self.critic.load_state_dict(extra["critic"])
+
+
+def collect_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """Rollouts for B_p problems; with dynamic sampling, redraw until B_p informative groups."""
+    r, ds = cfg.rollout, cfg.algo.dynamic_sampling
+    kept: list[TrajectoryGroup] = []
+    metrics: dict[str, float] = {}
+    rounds = 1 + (ds.max_gen_batches if ds.enable else 0)
+    for i in range(rounds):
+        problems = st.stream.next_batch(r.problems_per_step)
+        groups, m = run_rollouts(st.policy, problems, r.n, r.sampling, cfg.reward, st.generator, r.batch_size,
+                                 r.max_prompt_tokens, cfg.data.chat)
+        if i == 0:
+            metrics.update(m)
+            metrics.update(compute_rollout_stats(groups))
+        else:
+            for k in ("time/generate", "time/reward", "rollout/gen_tokens"):
+                metrics[k] = metrics.get(k, 0.0) + m.get(k, 0.0)
+        informative, fm = select_informative_groups(groups, ds)
+        if i == 0:
+            metrics["frac_zero_variance_groups"] = fm["frac_zero_variance"]
+        kept.extend(informative)
+        if len(kept) >= r.problems_per_step:
+            break
+    metrics["dynamic_sampling/rounds"] = float(i + 1)
+    metrics["dynamic_sampling/shortfall"] = float(max(0, r.problems_per_step - len(kept)))
+    return kept[: r.problems_per_step], metrics
+
+
+def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
+    """Groups -> padded sequences -> advantages (and KL-in-reward, critic values, ReMax baseline)."""
+    a, metrics = cfg.algo, {}
+    groups = apply_reward_shaping(groups, a, cfg.rollout.sampling.max_new_tokens)
+    groups, weights, cm = compute_compact_weights(groups, a.compact_filter)
+    metrics.update(cm)
+    records = build_records(groups, weights, mask_invalid=cfg.reward.on_error == "mask")
+    p = pad_records(records, st.policy.pad_id)
+    temp = cfg.rollout.sampling.temperature
+    token_rewards, values, baseline = p.token_rewards_BT, None, None
+    if st.ref is not None and a.kl.placement == "reward" and st.update.kl_coef > 0:
+        stub = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT,
+                          torch.zeros_like(p.rollout_logp_BT), p.group_B, p.traj_B)
+        ref_logp = compute_batch_logprobs(st.ref, stub, temp, cfg.train.micro_batch_tokens)
+        token_rewards, kl_BT = compute_kl_in_reward(token_rewards, p.rollout_logp_BT, ref_logp, p.loss_mask_BT,
+                                                    st.update.kl_coef, a.kl.estimator, a.kl.clamp)
+        metrics["kl_reward"] = float(kl_BT.sum() / p.loss_mask_BT.sum().clamp(min=1))
+    if st.critic is not None:
+        with torch.no_grad():
+            values = st.critic(p.input_ids_BT.to(st.policy.device), p.attention_mask_BT.to(st.policy.device)).float().cpu()
+    if a.advantage.name == "remax":
+        baseline = compute_greedy_baseline(st, cfg, groups)[p.group_B]
+    adv = ADVANTAGES[a.advantage.name](AdvantageInputs(
+        scores_B=p.scores_B, token_rewards_BT=token_rewards, mask_BT=p.loss_mask_BT, group_B=p.group_B,
+        traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline), a.advantage)
+    batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
+                       p.group_B, p.traj_B, adv.returns_BT, values)
+    mask = p.loss_mask_BT > 0
+    metrics["advantage/mean"] = float(adv.advantages_BT[mask].mean()) if mask.any() else 0.0
+    metrics["advantage/abs_mean"] = float(adv.advantages_BT[mask].abs().mean()) if mask.any() else 0.0
+    metrics["batch/sequences"], metrics["batch/loss_tokens"] = float(batch.num_seqs), float(batch.num_loss_tokens)
+    metrics["reward/masked_invalid"] = float((~p.valid_B).sum())
+    return batch, metrics
+
+
+def compute_greedy_baseline(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> torch.Tensor:
+    """ReMax (arXiv 2310.10505 §4): the reward of one greedy rollout per problem."""
+    greedy, _ = run_rollouts(st.policy, [g.task for g in groups], 1, cfg.rollout.sampling, cfg.reward, None,
+                             cfg.rollout.batch_size, None, cfg.data.chat, greedy=True)
+    return torch.tensor([g.trajectories[0].reward.total for g in greedy], dtype=torch.float32)
+
+
+def run_rl_step(st: RLState, cfg: TetherConfig) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+    t0 = time.perf_counter()
+    groups, metrics = collect_groups(st, cfg)
+    rewards = [t.reward.total for g in groups for t in g.trajectories]
+    t1 = time.perf_counter()
+    batch, bm = make_train_batch(st, cfg, groups)
+    metrics.update(bm)
+    t2 = time.perf_counter()
+    um = run_update(st.policy, st.optimizer, st.scheduler, batch, cfg.algo, cfg.train, cfg.rollout.sampling.temperature,
+                    st.update, st.ref, st.critic, st.generator, cfg.algo.agg.max_len or cfg.rollout.sampling.max_new_tokens)
+    metrics.update(um)
+    st.policy.version += 1
+    a = cfg.algo
+    if st.kl_ctl is not None and "kl_loss" in um:
+        st.update.kl_coef = st.kl_ctl.update(um["kl_loss"], 1)
+    if st.ref is not None and a.kl.reset_every and (st.step + 1) % a.kl.reset_every == 0:
+        reset_reference(st.ref, st.policy)
+        metrics["kl/reference_reset"] = 1.0
+    t3 = time.perf_counter()
+    metrics.update({
+        "reward/mean": sum(rewards) / max(len(rewards), 1),
+        "reward/std": float(torch.tensor(rewards).std()) if len(rewards) > 1 else 0.0,
+        "kl_coef": st.update.kl_coef, "policy_version": float(st.policy.version),
+        "time/rollout_total": t1 - t0, "time/batch": t2 - t1, "time/update": t3 - t2, "time/step": t3 - t0,
+        "train/tokens_per_s": float(batch.attention_mask_BT.sum()) * a.epochs / max(t3 - t2, 1e-9),
+    })
+    return metrics, groups
+
+
+def _sample_rows(groups: list[TrajectoryGroup], limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for g in groups:
+        for t in g.trajectories:
+            if len(rows) >= limit:
+                return rows
+            rows.append({"task_id": g.task_id, "prompt": g.task.get("prompt"), "answer": g.task.get("answer"),
+                         "completion": t.info.get("text"), "reward": t.reward.total, "components": dict(t.reward.components),
+                         "correct": t.reward.correct, "outcome": t.reward.outcome.value, "stop": t.stop.value,
+                         "tokens": t.num_action_tokens})
+    return rows
+
+
+def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -> dict[str, float]:
+    m, rows = run_eval(st.policy, held_out, cfg.eval, cfg.reward, seed=cfg.run.seed + 17, batch_size=cfg.rollout.batch_size,
+                       chat=cfg.data.chat)
+    rd.write_samples(step, rows, kind="eval")
+    return m
+
+
+def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None) -> dict[str, Any]:
+    """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
+    t_start = time.perf_counter()
+    rd = make_run_dir(run_dir)
+    rd.write_config(cfg)
+    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
+    train, held_out = setup_problems(cfg)
+    policy = policy or setup_policy(cfg, rd.root, train)
+    policy.model.train()
+    st = RLState(cfg, policy, train)
+    ckpt = find_latest_checkpoint(rd) if resume else None
+    if ckpt is not None:
+        st.load_extra_state(load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
+        rd.truncate_metrics_after(st.step)
+    sinks = build_sinks(rd, cfg.logging, cfg)
+    if ckpt is None:
+        first_eval = _evaluate(st, cfg, rd, held_out, st.step)
+        for s in sinks:
+            s.log(0, first_eval)
+    else:  # the step-0 evaluation is the first row of metrics.jsonl
+        first_eval = next((r for r in rd.read_metrics() if r.get("step") == 0), {})
+    last_eval = dict(first_eval)
+    with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
+        while st.step < cfg.train.steps and not stop:
+            metrics, groups = run_rl_step(st, cfg)
+            st.step += 1
+            if cfg.eval.every and st.step % cfg.eval.every == 0 and st.step < cfg.train.steps:
+                last_eval = _evaluate(st, cfg, rd, held_out, st.step)
+                metrics.update(last_eval)
+            for s in sinks:
+                s.log(st.step, metrics)
+            if cfg.logging.samples_per_step:
+                rd.write_samples(st.step, _sample_rows(groups, cfg.logging.samples_per_step))
+            bar(st.step, reward=metrics["reward/mean"], acc=metrics.get("accuracy", float("nan")), s=metrics["time/step"])
+            if (cfg.checkpoint.every and st.step % cfg.checkpoint.every == 0) or stop:
+                save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
+    if not stop:
+        last_eval = _evaluate(st, cfg, rd, held_out, st.step)
+        for s in sinks:
+            s.log(st.step, last_eval)
+    save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
+    for s in sinks:
+        s.close()
+    rows = rd.read_metrics()
+    plot_metrics(rows, rd.plots_dir)
+    summary = {
+        "kind": "rl", "steps": st.step, "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t_start,
+        "baseline_accuracy": first_eval.get("eval/pass@1"), "final_accuracy": last_eval.get("eval/pass@1"),
+        "baseline_greedy_accuracy": first_eval.get("eval/greedy_accuracy"),
+        "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy"),
+        "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps,
+    }
+    rd.write_summary(summary)
+    return summary
+
+
+__all__ = ["run_rl", "run_rl_step", "RLState", "dump_config"]

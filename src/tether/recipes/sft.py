@@ -1,0 +1,121 @@
+"""SFT recipe: supervised cold start on demonstrations (DeepSeek-R1's stage 1).
+
+Deliberate simplifications:
+- demonstrations come from the task's scripted expert (or a JSONL "completion" field); there is
+  no packing — sequences are short and micro-batches are sized by a token budget instead;
+- the loss is the token-mean negative log-likelihood of completion tokens (prompt tokens and
+  padding are masked by lengths), normalised by `agg_loss` like every other loss in tether;
+- the final model is saved as a Hugging Face directory (`final_model/`) that `model.path=` loads.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.algos import agg_loss, compute_agg_norm
+from tether.batching import SeqRecord, pad_records, split_by_token_budget
+from tether.config import TetherConfig
+from tether.data import ProblemStream
+from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from tether.io.run_dir import make_run_dir
+from tether.io.sinks import build_sinks
+from tether.optim import build_optimizer, build_scheduler
+from tether.policy.hf import HFPolicy, compute_logprobs
+from tether.recipes.common import graceful_interrupt, progress_bar, seed_everything, setup_policy, setup_problems
+from tether.rollout import encode_prompt
+from tether.tasks import demonstration
+
+
+def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[SeqRecord]:
+    """prompt + completion + stop token, loss on the completion (and the stop token)."""
+    tok, eos = policy.tokenizer, policy.stop_ids[0]
+    if getattr(tok, "eos_token_id", None) in policy.stop_ids:
+        eos = tok.eos_token_id
+    records = []
+    for i, p in enumerate(problems):
+        demo = p.get("completion") or (demonstration(cfg.data.task, p) if cfg.data.task != "jsonl" else p["answer"])
+        prompt = encode_prompt(tok, p, cfg.data.chat)
+        completion = list(tok.encode(demo, add_special_tokens=False)) + [eos]
+        ids = prompt + completion
+        mask = [0] * len(prompt) + [1] * len(completion)
+        records.append(SeqRecord(tuple(ids), tuple(mask), (0.0,) * len(ids), (0.0,) * len(ids), i, i, 0.0, True))
+    return records
+
+
+def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False) -> tuple[HFPolicy, dict[str, Any]]:
+    """Train on demonstrations for `cfg.sft.steps` steps; returns the policy and a summary."""
+    t_start = time.perf_counter()
+    rd = make_run_dir(run_dir)
+    rd.write_config(cfg)
+    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
+    train, _ = setup_problems(cfg)
+    if policy is None:
+        policy = setup_policy(cfg, rd.root, train)
+    demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
+    records = build_demo_records(policy, cfg, demos)
+    stream = ProblemStream([{"i": i} for i in range(len(records))], cfg.run.seed)
+    model = policy.model
+    model.train()
+    optimizer = build_optimizer(model.parameters(), cfg.sft.lr, cfg.sft.weight_decay)
+    scheduler = build_scheduler(optimizer, cfg.sft.steps, cfg.sft.warmup_steps, "cosine")
+    start = 0
+    if resume and (ckpt := find_latest_checkpoint(rd)) is not None:
+        extra = load_checkpoint(ckpt, model, optimizer, scheduler)
+        stream.load_state_dict(extra["data"])
+        start = int(extra["step"])
+        rd.truncate_metrics_after(start)
+    sinks = build_sinks(rd, cfg.logging)
+    losses: list[float] = []
+    step = start
+    with graceful_interrupt() as stop, progress_bar(cfg.sft.steps, "SFT", cfg.logging.progress, start) as bar:
+        for step in range(start + 1, cfg.sft.steps + 1):
+            t0 = time.perf_counter()
+            batch = [records[r["i"]] for r in stream.next_batch(cfg.sft.batch_size)]
+            loss = _sft_step(policy, optimizer, scheduler, batch, cfg)
+            losses.append(loss)
+            metrics = {"sft/loss": loss, "lr": optimizer.param_groups[0]["lr"], "time/step": time.perf_counter() - t0}
+            for s in sinks:
+                s.log(step, metrics)
+            bar(step, loss=loss)
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or stop:
+                save_checkpoint(rd, step, model, policy.tokenizer, optimizer, scheduler,
+                                {"step": step, "data": stream.state_dict()}, cfg.checkpoint.keep)
+            if stop:
+                break
+    final = rd.root / "final_model"
+    model.save_pretrained(str(final), safe_serialization=True)
+    policy.tokenizer.save_pretrained(str(final))
+    for s in sinks:
+        s.close()
+    summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,
+               "final_model": str(final), "wall_seconds": time.perf_counter() - t_start, "interrupted": bool(stop)}
+    rd.write_summary(summary)
+    return policy, summary
+
+
+def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cfg: TetherConfig) -> float:
+    padded = pad_records(batch, policy.pad_id)
+    norm = compute_agg_norm(padded.loss_mask_BT)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for idx in split_by_token_budget(padded.attention_mask_BT.sum(-1).tolist(), cfg.train.micro_batch_tokens):
+        rows = torch.tensor(idx)
+        am = padded.attention_mask_BT[rows]
+        T = int(am.sum(-1).max())
+        logp, _ = compute_logprobs(policy, padded.input_ids_BT[rows, :T], am[:, :T])
+        mask = padded.loss_mask_BT[rows, :T].to(logp.device)
+        loss = agg_loss(-logp, mask, "token_mean", norm)
+        loss.backward()
+        total += float(loss)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.sft.grad_clip or float("inf"))
+    if torch.isfinite(gnorm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return total

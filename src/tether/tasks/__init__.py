@@ -1,0 +1,120 @@
+"""Single-turn verifiable tasks: built-in generators and a JSONL loader.
+
+A problem is a plain dict: {"id": str, "prompt": str, "answer": str, ...}. Built-in tasks also
+write demonstrations (the completion an expert would give) for the SFT cold start, and a text
+corpus used to train the tiny model's tokenizer. Multi-turn environments live in `tether.envs`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tether.registry import Registry
+
+
+class DataError(ValueError):
+    """Malformed task data; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A built-in task: problem generator, expert demonstration and default reward."""
+
+    name: str
+    make_problem: Callable[[random.Random, int, dict[str, Any]], dict[str, Any]]
+    demonstration: Callable[[dict[str, Any]], str]
+    default_reward: str = "exact_match"
+    description: str = ""
+
+
+TASKS: Registry[Callable[[], TaskSpec]] = Registry("task")
+
+
+def _arith_problem(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
+    digits = int(kw.get("digits", 2))
+    ops = list(kw.get("ops", ["+"]))
+    lo, hi = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+    a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice(ops)
+    if op == "-" and b > a:
+        a, b = b, a
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return {"id": f"arith-{i}", "prompt": f"{a}{op}{b}=", "answer": str(value)}
+
+
+@TASKS.register("arith")
+def arith_task() -> TaskSpec:
+    """Integer arithmetic, e.g. prompt "37+48=" -> "85". kwargs: digits (2), ops (["+"])."""
+    return TaskSpec("arith", _arith_problem, lambda p: p["answer"], "exact_match", "integer arithmetic")
+
+
+def _count_problem(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
+    letters = kw.get("alphabet", "abc")
+    n = rng.randint(int(kw.get("min_len", 4)), int(kw.get("max_len", 12)))
+    word = "".join(rng.choice(letters) for _ in range(n))
+    target = rng.choice(letters)
+    return {"id": f"count-{i}", "prompt": f"count {target} in {word}:", "answer": str(word.count(target))}
+
+
+@TASKS.register("count")
+def count_task() -> TaskSpec:
+    """Count a letter in a random word, e.g. "count a in abca:" -> "2"."""
+    return TaskSpec("count", _count_problem, lambda p: p["answer"], "exact_match", "letter counting")
+
+
+def make_problems(task: str, size: int, seed: int, kwargs: dict[str, Any] | None = None, split: str = "train") -> list[dict[str, Any]]:
+    """`size` problems of a built-in task. Train and eval splits use disjoint seeds and the eval
+    split drops prompts that also occur in train (held-out means unseen)."""
+    spec = TASKS[task]()
+    kw = dict(kwargs or {})
+    offset = {"train": 0, "eval": 1_000_003, "pilot": 2_000_003}[split]
+    rng = random.Random(seed * 7919 + offset)
+    return [spec.make_problem(rng, i, kw) | {"id": f"{split}-{i}"} for i in range(size)]
+
+
+def make_splits(task: str, train_size: int, eval_size: int, seed: int, kwargs: dict[str, Any] | None = None):
+    """(train, eval) problem lists with no eval prompt present in train."""
+    train = make_problems(task, train_size, seed, kwargs, "train")
+    seen = {p["prompt"] for p in train}
+    pool = make_problems(task, eval_size * 4 + 50, seed, kwargs, "eval")
+    held_out = [p for p in pool if p["prompt"] not in seen][:eval_size]
+    if len(held_out) < eval_size:
+        raise DataError(f"task {task!r}: cannot draw {eval_size} held-out problems disjoint from train; shrink data.train_size or widen the task")
+    return train, held_out
+
+
+def demonstration(task: str, problem: dict[str, Any]) -> str:
+    return TASKS[task]().demonstration(problem)
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read problems from JSONL; every line needs "prompt" and "answer". Errors name file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: file not found")
+    rows: list[dict[str, Any]] = []
+    with p.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{p}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            missing = [k for k in ("prompt", "answer") if k not in row]
+            if missing:
+                raise DataError(f"{p}:{lineno}: missing key(s) {missing}; each line needs \"prompt\" and \"answer\"")
+            if not isinstance(row["prompt"], str) or not row["prompt"]:
+                raise DataError(f"{p}:{lineno}: \"prompt\" must be a non-empty string")
+            row = dict(row)
+            row["answer"] = str(row["answer"])
+            row.setdefault("id", f"{p.stem}-{lineno}")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{p}: no problems found")
+    return rows

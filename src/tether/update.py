@@ -1,0 +1,213 @@
+"""One policy update: M epochs x mini-batches x micro-batches over a TrainBatch.
+
+Shared by every RL recipe. The loss of a micro-batch is composed here from the registered
+pieces (policy loss, KL, entropy, value loss) and normalised by `agg_loss` with the GLOBAL
+denominators of its mini-batch, so gradient accumulation never changes the gradient.
+
+Numerics (pitfall 5): a non-finite loss or gradient skips the optimizer step and is counted;
+`max_bad_steps` in a row raise `TrainingHalted`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tether.algos import (
+    IS_CORRECTIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    AggNorm,
+    ISInputs,
+    KLInputs,
+    PolicyLossInputs,
+    agg_loss,
+    compute_agg_norm,
+    compute_mismatch_metrics,
+    compute_off_policy_mask,
+    compute_value_loss,
+)
+from tether.batching import split_by_token_budget
+from tether.config import AlgoConfig, TrainConfig
+from tether.policy.hf import HFPolicy, ValueModel, compute_logprobs
+from tether.types import TrainBatch
+
+
+class TrainingHalted(RuntimeError):
+    """Raised when training cannot continue (e.g. repeated non-finite steps); names the cause."""
+
+
+@dataclass
+class UpdateState:
+    """Counters that outlive one step (saved in checkpoints)."""
+
+    bad_steps_in_a_row: int = 0
+    nonfinite_steps: int = 0
+    kl_coef: float = 0.0
+
+
+@dataclass
+class _Acc:
+    """Token-weighted accumulation of micro-batch metrics."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    maxes: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, torch.Tensor | float], weight: float) -> None:
+        for k, v in metrics.items():
+            x = float(v)
+            if k.endswith("_max"):
+                self.maxes[k] = max(self.maxes.get(k, float("-inf")), x)
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + x * weight
+                self.weights[k] = self.weights.get(k, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+        out.update(self.maxes)
+        return out
+
+
+def compute_microbatch_loss(
+    policy: HFPolicy,
+    mb: TrainBatch,
+    norm: AggNorm,
+    algo: AlgoConfig,
+    temperature: float,
+    kl_coef: float,
+    old_logp_BT: torch.Tensor | None,
+    ref_logp_BT: torch.Tensor | None,
+    critic: ValueModel | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The scalar loss of one micro-batch (already divided by the mini-batch's global norm)."""
+    logp, ent = compute_logprobs(policy, mb.input_ids_BT, mb.attention_mask_BT, temperature, with_entropy=True)
+    mask = mb.loss_mask_BT.to(logp.device)
+    # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
+    old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
+    rollout = mb.rollout_logp_BT.to(logp.device)
+    adv = mb.advantages_BT.to(logp.device)
+    metrics: dict[str, torch.Tensor] = {}
+    metrics.update(compute_mismatch_metrics(old, rollout, mask))
+    if algo.correction.off_policy_mask_delta is not None:
+        opm = compute_off_policy_mask(rollout, logp.detach(), adv, mask, algo.correction.off_policy_mask_delta)
+        metrics["off_policy_mask_frac"] = 1.0 - (opm * mask).sum() / mask.sum().clamp(min=1)
+        mask = mask * opm
+    is_w, is_metrics = IS_CORRECTIONS[algo.correction.mode](ISInputs(old, rollout, mask), algo.correction)
+    metrics.update(is_metrics)
+    pg_BT, pg_metrics = POLICY_LOSSES[algo.policy_loss.name](PolicyLossInputs(logp, old, adv, mask), algo.policy_loss)
+    metrics.update(pg_metrics)
+    mode = algo.agg.mode
+    pg = agg_loss(pg_BT * is_w, mask, mode, norm)
+    entropy = agg_loss(ent, mask, mode, norm)
+    loss = pg - algo.entropy_coef * entropy
+    metrics["pg_loss"], metrics["entropy"] = pg.detach(), entropy.detach()
+    if ref_logp_BT is not None and algo.kl.placement == "loss":
+        kl_BT = KL_ESTIMATORS[algo.kl.estimator](KLInputs(logp, ref_logp_BT.to(logp.device), old, mask), algo.kl)
+        kl = agg_loss(kl_BT, mask, mode, norm)
+        loss = loss + kl_coef * kl
+        metrics["kl_loss"] = kl.detach()
+    if critic is not None and mb.returns_BT is not None:
+        values = critic(mb.input_ids_BT.to(logp.device), mb.attention_mask_BT.to(logp.device))
+        old_v = mb.old_values_BT if mb.old_values_BT is not None else values.detach()
+        v_BT = compute_value_loss(values, old_v.to(logp.device), mb.returns_BT.to(logp.device), mask, algo.value.clip)
+        vloss = agg_loss(v_BT, mask, mode, norm)
+        loss = loss + algo.value.coef * vloss
+        metrics["value_loss"] = vloss.detach()
+    return loss, metrics
+
+
+@torch.no_grad()
+def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: float, token_budget: int) -> torch.Tensor:
+    """log-probs of every sequence of `batch` (no grad), micro-batched by a token budget."""
+    out = torch.zeros_like(batch.rollout_logp_BT)
+    lengths = batch.attention_mask_BT.sum(-1).tolist()
+    for idx in split_by_token_budget(lengths, token_budget):
+        rows = torch.tensor(idx)
+        mb = batch.select(rows)
+        T = int(mb.attention_mask_BT.sum(-1).max())
+        lp, _ = compute_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T], temperature)
+        out[rows, :T] = lp.float().cpu()
+    return out
+
+
+def _trim(mb: TrainBatch) -> TrainBatch:
+    """Drop all-padding columns on the right (micro-batches of short rows stay short)."""
+    T = int(mb.attention_mask_BT.sum(-1).max())
+    return TrainBatch(*(None if x is None else x[:, :T] if x.dim() == 2 else x for x in (
+        mb.input_ids_BT, mb.attention_mask_BT, mb.loss_mask_BT, mb.rollout_logp_BT, mb.advantages_BT,
+        mb.seq_group_B, mb.seq_traj_B, mb.returns_BT, mb.old_values_BT)))
+
+
+def run_update(
+    policy: HFPolicy,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    batch: TrainBatch,
+    algo: AlgoConfig,
+    train: TrainConfig,
+    temperature: float,
+    state: UpdateState,
+    ref_policy: HFPolicy | None = None,
+    critic: ValueModel | None = None,
+    generator: torch.Generator | None = None,
+    max_len: int | None = None,
+) -> dict[str, float]:
+    """M epochs over `batch`, `algo.mini_batches` optimizer steps per epoch. Returns metrics."""
+    fused = algo.epochs == 1 and algo.mini_batches == 1
+    old_all = None if fused else compute_batch_logprobs(policy, batch, temperature, train.micro_batch_tokens)
+    ref_all = None
+    if ref_policy is not None and state.kl_coef > 0 and algo.kl.placement == "loss":
+        ref_all = compute_batch_logprobs(ref_policy, batch, temperature, train.micro_batch_tokens)
+    acc = _Acc()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grad_norms: list[float] = []
+    for _ in range(algo.epochs):
+        perm = torch.randperm(batch.num_seqs, generator=generator)
+        for mini_idx in perm.chunk(algo.mini_batches):
+            mini = batch.select(mini_idx)
+            norm = compute_agg_norm(mini.loss_mask_BT, max_len)
+            optimizer.zero_grad(set_to_none=True)
+            lengths = mini.attention_mask_BT.sum(-1).tolist()
+            for idx in split_by_token_budget(lengths, train.micro_batch_tokens):
+                rows = torch.tensor(idx)
+                mb = _trim(mini.select(rows))
+                T = mb.input_ids_BT.shape[1]
+                old = None if old_all is None else old_all[mini_idx[rows], :T]
+                ref = None if ref_all is None else ref_all[mini_idx[rows], :T]
+                loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic)
+                loss.backward()
+                acc.add(m, float(mb.loss_mask_BT.sum()))
+            grad_norms.append(_step(optimizer, scheduler, params, train, state))
+    out = acc.result()
+    finite = [g for g in grad_norms if g == g]  # NaN marks a skipped step
+    out["grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
+    out["grad_norm_max"] = max(finite) if finite else float("nan")
+    out["nonfinite_steps"] = float(state.nonfinite_steps)
+    out["lr"] = float(optimizer.param_groups[0]["lr"])
+    out["optimizer_steps"] = float(len(grad_norms))
+    return out
+
+
+def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState) -> float:
+    """Clip, check finiteness, step. A non-finite gradient skips the step and is counted."""
+    max_norm = train.grad_clip if train.grad_clip is not None else float("inf")
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total_f = float(total)
+    if not torch.isfinite(total):
+        optimizer.zero_grad(set_to_none=True)
+        state.nonfinite_steps += 1
+        state.bad_steps_in_a_row += 1
+        if state.bad_steps_in_a_row >= train.max_bad_steps:
+            raise TrainingHalted(
+                f"{state.bad_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                f"(train.max_bad_steps={train.max_bad_steps}); likely causes: learning rate too high, "
+                "extreme log-ratios (check algo.policy_loss.log_ratio_clamp), or a NaN reward"
+            )
+        return float("nan")
+    state.bad_steps_in_a_row = 0
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return total_f

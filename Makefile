@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch goes in the same command as the project so that nothing pulls a CUDA build.
 	$(PY) -m pip install --quiet $(TORCH_SPEC) -e ".[$(EXTRAS)]"
+	# bubblewrap is the strong backend of the code sandbox (envs/sandbox.py); best effort, never fatal.
+	-command -v bwrap >/dev/null || (command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1) || true
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -31,6 +31,7 @@ class SeqRecord:
     score: float
     valid: bool
     weight: float = 1.0  # compact filtering: 0 drops the sequence from the loss
+    turn_ids: tuple[int, ...] = ()  # per token: index of the episode turn whose action it is, -1 elsewhere
 
 
 def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, weight: float = 1.0) -> list[SeqRecord]:
@@ -40,10 +41,12 @@ def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, we
     mask: list[int] = []
     logp: list[float] = []
     rew: list[float] = []
+    tix: list[int] = []  # turn index per token
 
     def flush() -> None:
         if ids:
-            seqs.append(SeqRecord(tuple(ids), tuple(mask), tuple(logp), tuple(rew), group, traj_idx, traj.reward.total, valid, weight))
+            seqs.append(SeqRecord(tuple(ids), tuple(mask), tuple(logp), tuple(rew), group, traj_idx, traj.reward.total, valid, weight,
+                                  tuple(tix)))
 
     last = len(traj.turns) - 1
     for k, turn in enumerate(traj.turns):
@@ -52,7 +55,7 @@ def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, we
             extra = ctx[len(ids):]
         else:
             flush()
-            ids, mask, logp, rew = [], [], [], []
+            ids, mask, logp, rew, tix = [], [], [], [], []
             extra = ctx
         ids += extra + list(turn.action_ids)
         mask += [0] * len(extra) + [1] * len(turn.action_ids)
@@ -61,7 +64,8 @@ def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, we
         if turn.action_ids:
             step[-1] = turn.reward + (traj.reward.total if k == last else 0.0)
         rew += step
-        if not (len(ids) == len(mask) == len(logp) == len(rew)):
+        tix += [-1] * len(extra) + [k] * len(turn.action_ids)
+        if not (len(ids) == len(mask) == len(logp) == len(rew) == len(tix)):
             raise AssertionError(f"mask/ids length mismatch merging turn {k} of {traj.task_id}")
     flush()
     return seqs
@@ -92,6 +96,7 @@ class PaddedRecords:
     group_B: torch.Tensor
     traj_B: torch.Tensor
     valid_B: torch.Tensor
+    turn_BT: torch.Tensor | None = None  # long: turn index of each action token, -1 elsewhere
 
 
 def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
@@ -105,6 +110,7 @@ def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
     lmask = torch.zeros((B, T), dtype=torch.float32)
     rlogp = torch.zeros((B, T), dtype=torch.float32)
     trew = torch.zeros((B, T), dtype=torch.float32)
+    turn = torch.full((B, T), -1, dtype=torch.long)
     for b, r in enumerate(records):
         n = len(r.ids)
         ids[b, :n] = torch.tensor(r.ids, dtype=torch.long)
@@ -112,6 +118,8 @@ def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
         lmask[b, :n] = torch.tensor(r.loss_mask, dtype=torch.float32) * float(r.weight)
         rlogp[b, :n] = torch.tensor(r.rollout_logp, dtype=torch.float32)
         trew[b, :n] = torch.tensor(r.token_rewards, dtype=torch.float32)
+        if r.turn_ids:
+            turn[b, :n] = torch.tensor(r.turn_ids, dtype=torch.long)
     return PaddedRecords(
         input_ids_BT=ids,
         attention_mask_BT=attn,
@@ -122,6 +130,7 @@ def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
         group_B=torch.tensor([r.group for r in records], dtype=torch.long),
         traj_B=torch.tensor([r.traj for r in records], dtype=torch.long),
         valid_B=torch.tensor([r.valid for r in records], dtype=torch.bool),
+        turn_BT=turn,
     )
 
 

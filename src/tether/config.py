@@ -75,16 +75,25 @@ class RolloutConfig(_Base):
     sampling: SamplingConfig = SamplingConfig()
     max_prompt_tokens: int = Field(256, gt=0)
     batch_size: int = Field(256, gt=0, description="sequences generated together")
+    on_drift: Literal["count", "fail"] = Field(
+        "count", description="multi-turn: a context that does not extend the previous one is counted or fails"
+    )
 
 
 # ----------------------------------------------------------------------------- algorithm
 
 
 class AdvantageConfig(_Base):
-    name: str = Field("grpo", description="grpo|dr_grpo|rloo|reinforce_pp|reinforce_pp_baseline|remax|gae")
+    name: str = Field("grpo", description="grpo|dr_grpo|rloo|reinforce_pp|reinforce_pp_baseline|remax|gae|gigpo|step_grpo")
     eps: float = Field(1e-6, gt=0, description="added to the std in normalisations")
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
+    step_gamma: float = Field(0.95, ge=0, le=1, description="turn-level discount (gigpo, step_grpo)")
+    step_weight: float = Field(1.0, ge=0, description="GiGPO omega: weight of the step-level advantage")
+    step_std_norm: bool = Field(False, description="GiGPO: divide by the group std (default mean_norm, as the paper's code)")
+    task_norm: Literal["none", "task", "env"] = Field(
+        "none", description="multi-task: whiten per task type (AgentRL) or baseline per environment (ERPO)"
+    )
 
 
 class PolicyLossConfig(_Base):
@@ -226,8 +235,7 @@ class LoggingConfig(_Base):
     progress: bool = True
 
 
-class HealthConfig(_Base):
-    mode: Literal["off", "advise", "auto"] = "advise"
+from tether.health.config import HealthConfig  # noqa: E402  (defined next to the health layer)
 
 
 class RunConfig(_Base):
@@ -235,6 +243,33 @@ class RunConfig(_Base):
     seed: int = 0
     deterministic: bool = False
     threads: int | None = Field(None, gt=0, description="torch intra-op threads")
+
+
+class ContextConfig(_Base):
+    """How the transition history becomes the next model context (Agent-R1 context rules)."""
+
+    builder: Literal["append", "sliding_window", "summary"] = "append"
+    window: int = Field(2, ge=1, description="sliding_window / summary: the last k turns kept verbatim")
+    summarizer: str = Field(
+        "tether.envs.context:summarize_tool_results",
+        description="summary: 'policy' (the model writes it, not trained on) or 'package.module:function'",
+    )
+    summary_max_tokens: int = Field(48, gt=0, description="summarizer=policy: tokens per summary")
+
+
+class EnvConfig(_Base):
+    """Multi-turn environments (data.task names one; data.task=env_mix mixes several)."""
+
+    max_turns: int = Field(6, ge=1)
+    max_context_tokens: int | None = Field(None, gt=0, description="default: model positions - max_new_tokens")
+    step_timeout_s: float = Field(30.0, gt=0, description="one env.reset/step call; past it: stop reason timeout")
+    episode_timeout_s: float = Field(600.0, gt=0)
+    max_parse_errors: int = Field(2, ge=1, description="consecutive malformed tool calls that end an episode")
+    max_error_rate: float = Field(0.5, gt=0, le=1, description="stop the run if more episodes end in env_error")
+    credit: Literal["broadcast", "step"] = Field(
+        "broadcast", description="broadcast: the return is the trajectory score; step: env rewards stay on their turns"
+    )
+    context: ContextConfig = ContextConfig()
 
 
 class TetherConfig(_Base):
@@ -250,6 +285,7 @@ class TetherConfig(_Base):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     health: HealthConfig = HealthConfig()
+    env: EnvConfig = EnvConfig()
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":
@@ -268,11 +304,16 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
         out.append("algo.kl.reset_every does nothing with algo.kl.coef=0: set a coefficient or drop reset_every")
     if kl.coef == 0 and kl.adaptive_target is not None:
         out.append("algo.kl.adaptive_target needs an initial algo.kl.coef > 0")
-    group_based = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+    group_based = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gigpo", "step_grpo"}
     if algo.advantage.name in group_based and cfg.rollout.n < 2:
         out.append(
             f"algo.advantage.name={algo.advantage.name} compares rollouts of one problem: "
             "set rollout.n >= 2 (or use reinforce_pp / gae)"
+        )
+    if cfg.env.credit == "step" and algo.advantage.name in {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "remax"}:
+        out.append(
+            f"env.credit=step keeps step rewards on their turns, but algo.advantage.name={algo.advantage.name} "
+            "only reads the trajectory score: use gigpo / step_grpo / reinforce_pp / gae, or env.credit=broadcast"
         )
     if algo.dynamic_sampling.enable and cfg.rollout.n < 2:
         out.append("algo.dynamic_sampling needs rollout.n >= 2 to see reward variance")

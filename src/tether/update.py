@@ -47,26 +47,39 @@ class UpdateState:
     kl_coef: float = 0.0
 
 
+# Loss terms are already divided by the mini-batch's global denominators: micro-batch values add
+# up to the mini-batch value (then average over optimizer steps). Other metrics are token-weighted.
+SUMMED_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "value_loss"})
+
+
 @dataclass
 class _Acc:
-    """Token-weighted accumulation of micro-batch metrics."""
+    """Accumulation of micro-batch metrics into per-update metrics."""
 
     sums: dict[str, float] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
     maxes: dict[str, float] = field(default_factory=dict)
+    losses: dict[str, float] = field(default_factory=dict)
+    n_minibatches: int = 0
 
     def add(self, metrics: dict[str, torch.Tensor | float], weight: float) -> None:
         for k, v in metrics.items():
             x = float(v)
-            if k.endswith("_max"):
+            if k in SUMMED_METRICS:
+                self.losses[k] = self.losses.get(k, 0.0) + x
+            elif k.endswith("_max"):
                 self.maxes[k] = max(self.maxes.get(k, float("-inf")), x)
             else:
                 self.sums[k] = self.sums.get(k, 0.0) + x * weight
                 self.weights[k] = self.weights.get(k, 0.0) + weight
 
+    def end_minibatch(self) -> None:
+        self.n_minibatches += 1
+
     def result(self) -> dict[str, float]:
         out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
         out.update(self.maxes)
+        out.update({k: v / max(self.n_minibatches, 1) for k, v in self.losses.items()})
         return out
 
 
@@ -179,6 +192,7 @@ def run_update(
                 loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic)
                 loss.backward()
                 acc.add(m, float(mb.loss_mask_BT.sum()))
+            acc.end_minibatch()
             grad_norms.append(_step(optimizer, scheduler, params, train, state))
     out = acc.result()
     finite = [g for g in grad_norms if g == g]  # NaN marks a skipped step

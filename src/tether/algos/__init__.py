@@ -39,7 +39,9 @@ from tether.algos.corrections import (
     keep_nonzero_variance,
     select_groups,
 )
+from tether.algos.gigpo import compute_gigpo_advantages, compute_step_grpo_advantages
 from tether.algos.kl import AdaptiveKLController, compute_kl_in_reward
+from tether.algos.multitask import compute_advantages
 from tether.algos.losses import compute_cispo_loss, compute_gspo_loss, compute_ppo_clip_loss, compute_value_loss
 from tether.algos.shaping import compute_gamma_decayed_rewards, compute_length_reward, compute_overlong_penalty
 
@@ -59,11 +61,13 @@ __all__ = [
     "Metrics",
     "PolicyLossInputs",
     "agg_loss",
+    "compute_advantages",
     "compute_agg_norm",
     "compute_cispo_loss",
     "compute_dr_grpo_advantages",
     "compute_gae_advantages",
     "compute_gamma_decayed_rewards",
+    "compute_gigpo_advantages",
     "compute_grpo_advantages",
     "compute_gspo_loss",
     "compute_kl_in_reward",
@@ -76,6 +80,7 @@ __all__ = [
     "compute_reinforce_pp_baseline_advantages",
     "compute_remax_advantages",
     "compute_rloo_advantages",
+    "compute_step_grpo_advantages",
     "compute_stop_reason_weights",
     "compute_value_loss",
     "keep_nonzero_variance",

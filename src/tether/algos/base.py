@@ -42,6 +42,10 @@ class AdvantageInputs:
     values_BT:       [B,T] float critic values V(s_t) (gae only)
     baseline_B:      [B] float greedy-rollout reward (remax only)
     task_B:          [B] long task-type index (task-level normalisation, multi-task runs)
+    step_BT:         [B,T] long turn index of each action token within its episode, -1 elsewhere
+                     (turn-level estimators: gigpo, step_grpo)
+    anchor_BT:       [B,T] long anchor-state id of each action token's turn, -1 elsewhere: turns of
+                     one group that acted on an identical observation share it (gigpo)
     """
 
     scores_B: torch.Tensor
@@ -53,6 +57,8 @@ class AdvantageInputs:
     values_BT: torch.Tensor | None = None
     baseline_B: torch.Tensor | None = None
     task_B: torch.Tensor | None = None
+    step_BT: torch.Tensor | None = None
+    anchor_BT: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

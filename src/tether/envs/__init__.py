@@ -1,1 +1,40 @@
-"""tether.envs"""
+"""Multi-turn environments: the Env protocol, context builders, tool calling, MCP, rollouts.
+
+Importing the package registers the built-in environments (`tether.envs.builtin`) in `ENVS`
+and, as tasks, in `tether.tasks.TASKS`.
+"""
+
+from tether.envs.base import (
+    ENVS,
+    Action,
+    Env,
+    EnvSpec,
+    Observation,
+    StepResult,
+    Transition,
+    is_env_task,
+    make_env,
+    register_env,
+    run_expert_episode,
+)
+from tether.envs.tools import Tool, ToolCall, make_tool, parse_tool_calls, run_tool_calls
+from tether.envs import builtin  # noqa: F401,E402  (registration)
+
+__all__ = [
+    "ENVS",
+    "Action",
+    "Env",
+    "EnvSpec",
+    "Observation",
+    "StepResult",
+    "Tool",
+    "ToolCall",
+    "Transition",
+    "is_env_task",
+    "make_env",
+    "make_tool",
+    "parse_tool_calls",
+    "register_env",
+    "run_expert_episode",
+    "run_tool_calls",
+]

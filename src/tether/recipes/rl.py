@@ -24,10 +24,14 @@ from typing import Any
 
 import torch
 
-from tether.algos import ADVANTAGES, AdaptiveKLController, AdvantageInputs, compute_kl_in_reward
+from tether.algos import AdaptiveKLController, AdvantageInputs, compute_advantages, compute_kl_in_reward
 from tether.batching import build_records, pad_records
 from tether.config import TetherConfig, dump_config
 from tether.data import ProblemStream
+from tether.envs import is_env_task
+from tether.envs.credit import compute_step_fields
+from tether.envs.runner import run_env_rollouts
+from tether.envs.training import run_env_eval
 from tether.eval.runner import run_eval
 from tether.groups import apply_reward_shaping, compute_compact_weights, select_informative_groups
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
@@ -95,8 +99,12 @@ def collect_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup
     rounds = 1 + (ds.max_gen_batches if ds.enable else 0)
     for i in range(rounds):
         problems = st.stream.next_batch(r.problems_per_step)
-        groups, m = run_rollouts(st.policy, problems, r.n, r.sampling, cfg.reward, st.generator, r.batch_size,
-                                 r.max_prompt_tokens, cfg.data.chat)
+        if is_env_task(cfg.data.task):  # multi-turn environment (tether.envs)
+            groups, m = run_env_rollouts(st.policy, problems, r.n, r.sampling, cfg.env, st.generator, r.batch_size,
+                                         on_drift=r.on_drift)
+        else:
+            groups, m = run_rollouts(st.policy, problems, r.n, r.sampling, cfg.reward, st.generator, r.batch_size,
+                                     r.max_prompt_tokens, cfg.data.chat)
         if i == 0:
             metrics.update(m)
             metrics.update(compute_rollout_stats(groups))
@@ -136,9 +144,10 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
             values = st.critic(p.input_ids_BT.to(st.policy.device), p.attention_mask_BT.to(st.policy.device)).float().cpu()
     if a.advantage.name == "remax":
         baseline = compute_greedy_baseline(st, cfg, groups)[p.group_B]
-    adv = ADVANTAGES[a.advantage.name](AdvantageInputs(
+    adv = compute_advantages(AdvantageInputs(
         scores_B=p.scores_B, token_rewards_BT=token_rewards, mask_BT=p.loss_mask_BT, group_B=p.group_B,
-        traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline), a.advantage)
+        traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline, **compute_step_fields(groups, p)),
+        a.advantage)
     batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
                        p.group_B, p.traj_B, adv.returns_BT, values)
     mask = p.loss_mask_BT > 0
@@ -199,8 +208,11 @@ def _sample_rows(groups: list[TrajectoryGroup], limit: int) -> list[dict[str, An
 
 
 def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -> dict[str, float]:
-    m, rows = run_eval(st.policy, held_out, cfg.eval, cfg.reward, seed=cfg.run.seed + 17, batch_size=cfg.rollout.batch_size,
-                       chat=cfg.data.chat)
+    if is_env_task(cfg.data.task):
+        m, rows = run_env_eval(st.policy, held_out, cfg.eval, cfg.env, seed=cfg.run.seed + 17, batch_size=cfg.rollout.batch_size)
+    else:
+        m, rows = run_eval(st.policy, held_out, cfg.eval, cfg.reward, seed=cfg.run.seed + 17, batch_size=cfg.rollout.batch_size,
+                           chat=cfg.data.chat)
     rd.write_samples(step, rows, kind="eval")
     return m
 
@@ -224,14 +236,15 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         first_eval = _evaluate(st, cfg, rd, held_out, st.step)
         for s in sinks:
             s.log(0, first_eval)
-    else:  # the step-0 evaluation is the first row of metrics.jsonl
-        first_eval = next((r for r in rd.read_metrics() if r.get("step") == 0), {})
-    last_eval = dict(first_eval)
+        last_eval = dict(first_eval)
+    else:  # evaluations so far are in metrics.jsonl (step 0 = the starting policy)
+        evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rd.read_metrics() if "eval/pass@1" in r]
+        first_eval, last_eval = (evals[0], evals[-1]) if evals else ({}, {})
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop:
             metrics, groups = run_rl_step(st, cfg)
             st.step += 1
-            if cfg.eval.every and st.step % cfg.eval.every == 0 and st.step < cfg.train.steps:
+            if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
                 metrics.update(last_eval)
             for s in sinks:
@@ -241,10 +254,6 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             bar(st.step, reward=metrics["reward/mean"], acc=metrics.get("accuracy", float("nan")), s=metrics["time/step"])
             if (cfg.checkpoint.every and st.step % cfg.checkpoint.every == 0) or stop:
                 save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
-    if not stop:
-        last_eval = _evaluate(st, cfg, rd, held_out, st.step)
-        for s in sinks:
-            s.log(st.step, last_eval)
     save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
     for s in sinks:
         s.close()

@@ -20,6 +20,8 @@ from tether.algos import agg_loss, compute_agg_norm
 from tether.batching import SeqRecord, pad_records, split_by_token_budget
 from tether.config import TetherConfig
 from tether.data import ProblemStream
+from tether.envs import is_env_task
+from tether.envs.training import build_env_demo_records
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.run_dir import make_run_dir
 from tether.io.sinks import build_sinks
@@ -31,7 +33,10 @@ from tether.tasks import demonstration
 
 
 def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[SeqRecord]:
-    """prompt + completion + stop token, loss on the completion (and the stop token)."""
+    """prompt + completion + stop token, loss on the completion (and the stop token); for an
+    environment task, the scripted expert's conversation with the loss on assistant turns only."""
+    if is_env_task(cfg.data.task):
+        return build_env_demo_records(policy, problems, cfg.env.max_turns)
     tok, eos = policy.tokenizer, policy.stop_ids[0]
     if getattr(tok, "eos_token_id", None) in policy.stop_ids:
         eos = tok.eos_token_id
@@ -110,7 +115,7 @@ def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cf
         mask = padded.loss_mask_BT[rows, :T].to(logp.device)
         loss = agg_loss(-logp, mask, "token_mean", norm)
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     params = [p for g in optimizer.param_groups for p in g["params"]]
     gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.sft.grad_clip or float("inf"))
     if torch.isfinite(gnorm):

@@ -65,6 +65,19 @@ def count_task() -> TaskSpec:
     return TaskSpec("count", _count_problem, lambda p: p["answer"], "exact_match", "letter counting")
 
 
+def _reverse_problem(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
+    letters = kw.get("alphabet", "abcdefgh")
+    n = rng.randint(int(kw.get("min_len", 3)), int(kw.get("max_len", 7)))
+    word = "".join(rng.choice(letters) for _ in range(n))
+    return {"id": f"reverse-{i}", "prompt": f"reverse {word}:", "answer": word[::-1]}
+
+
+@TASKS.register("reverse")
+def reverse_task() -> TaskSpec:
+    """Reverse a random word, e.g. "reverse abcd:" -> "dcba". kwargs: alphabet, min_len, max_len."""
+    return TaskSpec("reverse", _reverse_problem, lambda p: p["answer"], "exact_match", "string reversal")
+
+
 def make_problems(task: str, size: int, seed: int, kwargs: dict[str, Any] | None = None, split: str = "train") -> list[dict[str, Any]]:
     """`size` problems of a built-in task. Train and eval splits use disjoint seeds and the eval
     split drops prompts that also occur in train (held-out means unseen)."""

@@ -1,0 +1,3 @@
+"""Built-in offline environments; importing this package registers them in ENVS and TASKS."""
+
+from tether.envs.builtin import calc  # noqa: F401

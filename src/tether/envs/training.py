@@ -1,0 +1,85 @@
+"""What the recipes call for environment tasks: SFT demonstrations and held-out evaluation.
+
+- `build_env_demo_records`: the scripted expert plays each problem in its environment; the
+  conversation becomes one training sequence with the loss on assistant tokens only (each
+  action plus the end-of-turn token the template expects, so SFT teaches the model to stop and
+  to hand over to the environment). Contexts are assembled exactly as the rollout assembles
+  append-only contexts (`tether.policy.chat.compute_segments`).
+- `run_env_eval`: success rate on held-out problems — sampled pass@1 / pass@k (unbiased) and
+  greedy success — with the same environment rollout as training.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from tether.batching import SeqRecord
+from tether.config import EnvConfig, EvalConfig, SamplingConfig
+from tether.envs.base import run_expert_episode
+from tether.envs.runner import run_env_rollouts
+from tether.eval.passk import mean_pass_at_k
+from tether.policy.chat import Message, compute_end_of_turn_id, compute_segments, encode_text
+from tether.policy.hf import HFPolicy
+
+
+def build_env_demo_records(policy: HFPolicy, problems: Sequence[Mapping[str, Any]], max_turns: int = 16) -> list[SeqRecord]:
+    """One SFT sequence per problem: the expert's conversation, loss on assistant tokens only."""
+    tok = policy.tokenizer
+    eot = compute_end_of_turn_id(tok, policy.stop_ids)
+    cache: dict[str, tuple[int, ...]] = {}
+    records = []
+    for i, p in enumerate(problems):
+        history, schemas, _ = run_expert_episode(p, max_turns)
+        msgs = [Message(m.role, m.content, encode_text(tok, m.content) + (eot,)) if m.role == "assistant" else m
+                for m in history]
+        segments = compute_segments(tok, msgs, schemas, policy.stop_ids, cache, add_generation_prompt=False)
+        ids = tuple(t for s in segments for t in s.ids)
+        mask = tuple(int(s.is_action) for s in segments for _ in s.ids)
+        if len(ids) != len(mask):
+            raise AssertionError(f"demo {p.get('id')}: {len(ids)} ids but {len(mask)} mask entries")
+        zeros = (0.0,) * len(ids)
+        records.append(SeqRecord(ids, mask, zeros, zeros, i, i, 0.0, True))
+    return records
+
+
+def run_env_eval(
+    policy: HFPolicy,
+    problems: Sequence[Mapping[str, Any]],
+    eval_cfg: EvalConfig,
+    env_cfg: EnvConfig,
+    seed: int = 0,
+    batch_size: int = 256,
+    greedy: bool = True,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`eval/pass@1`, `eval/pass@k`, `eval/greedy_accuracy`, `eval/reward_mean`, `eval/turns_mean`
+    and per-episode rows, for environment tasks (the metric names of `tether.eval.runner`)."""
+    t0 = time.perf_counter()
+    probs = list(problems[: eval_cfg.problems] if eval_cfg.problems else problems)
+    was_training = policy.model.training
+    policy.model.eval()
+    n = eval_cfg.samples
+    gen = torch.Generator().manual_seed(seed)
+    groups, m = run_env_rollouts(policy, probs, n, eval_cfg.sampling, env_cfg, gen, batch_size)
+    counts = [(n, sum(bool(t.reward.correct) for t in g.trajectories)) for g in groups]
+    metrics: dict[str, float] = {"eval/problems": float(len(groups)), "eval/pass@1": mean_pass_at_k(counts, 1)}
+    k = 2
+    while k <= n:
+        metrics[f"eval/pass@{k}"] = mean_pass_at_k(counts, k)
+        k *= 2
+    rewards = [t.reward.total for g in groups for t in g.trajectories]
+    metrics["eval/reward_mean"] = sum(rewards) / max(len(rewards), 1)
+    metrics["eval/turns_mean"] = m["env/turns_mean"]
+    rows = [{"task_id": g.task_id, "prompt": g.task.get("prompt"), "answer": g.task.get("answer"),
+             "completion": t.info.get("text"), "reward": t.reward.total, "correct": t.reward.correct, "stop": t.stop.value}
+            for g in groups for t in g.trajectories]
+    if greedy:
+        sampling = SamplingConfig(max_new_tokens=eval_cfg.sampling.max_new_tokens)
+        ggroups, _ = run_env_rollouts(policy, probs, 1, sampling, env_cfg, None, batch_size, greedy=True)
+        metrics["eval/greedy_accuracy"] = sum(bool(g.trajectories[0].reward.correct) for g in ggroups) / max(len(ggroups), 1)
+    metrics["time/eval"] = time.perf_counter() - t0
+    if was_training:
+        policy.model.train()
+    return metrics, rows

@@ -1,0 +1,297 @@
+"""Detectors: one documented rule per failure signature, read from the run's `History`.
+
+Every threshold is relative to the run's own baseline window (`History.baseline`: the median and
+a robust scale of the first healthy steps), except where a value is an invariant of a correct
+run (a non-finite loss, samples of one group that saw different prompts, a rollout older than the
+allowed staleness) or a literal "no signal" condition (pitfalls.md #8: every group zero-variance,
+every response truncated, a zero gradient).
+
+A detector's `evaluate` says whether the current step is anomalous (1) or extreme (2) and why;
+`Detector.check` turns that into a `Finding` once it persisted for `persist` of the last
+`window` steps (extreme: at once). A finding is `critical` when extreme or when it persisted
+`critical_after` steps, else `warn`. Each detector's parameters can be overridden with
+`health.thresholds: {"<detector>.<param>": value}`. Pages: docs/health/<mode>.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tether.health.telemetry import Baseline, History, finite
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detector's report: which failure mode, how bad, since when, and the evidence."""
+
+    detector: str
+    mode: str
+    severity: str  # "warn" | "critical"
+    step: int
+    since: int
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"detector": self.detector, "mode": self.mode, "severity": self.severity, "step": self.step,
+                "since": self.since, "message": self.message, "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What detectors need to know about the run beyond its metrics."""
+
+    correctness: str | None = None  # the correctness reward component
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    max_staleness: int = 0
+
+
+Signal = tuple[int, str, dict[str, Any]]  # (level 0/1/2, message, evidence)
+OK: Signal = (0, "", {})
+
+
+def _ev(value: float, base: Baseline | None, **more: Any) -> dict[str, Any]:
+    out = {"value": round(value, 6)}
+    if base is not None:
+        out["baseline"] = round(base.median, 6)
+    out.update(more)
+    return out
+
+
+def _recent_mean(h: History, key: str, k: int) -> float | None:
+    xs = h.values(key, k)
+    return sum(xs) / len(xs) if xs else None
+
+
+class Detector:
+    """Base class: persistence, severity and the Finding; subclasses implement `evaluate`."""
+
+    name: ClassVar[str] = ""
+    mode: ClassVar[str] = ""
+    needs_baseline: ClassVar[bool] = True
+    defaults: ClassVar[dict[str, float]] = {}
+    persist: ClassVar[int] = 2
+    window: ClassVar[int] = 3
+    critical_after: ClassVar[int] = 3
+
+    def __init__(self, overrides: dict[str, float] | None = None) -> None:
+        self.p = dict(self.defaults)
+        for k, v in (overrides or {}).items():
+            if k not in self.p and k not in ("persist", "window", "critical_after"):
+                raise ValueError(f"health.thresholds: detector {self.name!r} has no parameter {k!r} (has {sorted(self.p)})")
+            self.p[k] = float(v)
+        self.persist_n = int(self.p.pop("persist", self.persist))
+        self.window_n = int(self.p.pop("window", self.window))
+        self.critical_n = int(self.p.pop("critical_after", self.critical_after))
+        self.reset()
+
+    def reset(self) -> None:
+        self._recent: deque[tuple[int, int]] = deque(maxlen=self.window_n)
+        self._streak = 0
+        self._since: int | None = None
+
+    def evaluate(self, h: History, ctx: RunContext) -> Signal:
+        raise NotImplementedError
+
+    def check(self, h: History, ctx: RunContext) -> Finding | None:
+        step = h.last_step
+        if self.needs_baseline and not h.ready:
+            return None
+        level, message, evidence = self.evaluate(h, ctx)
+        self._recent.append((step, level))
+        if level == 0:
+            self._streak, self._since = 0, None
+            return None
+        self._streak += 1
+        if self._since is None:
+            self._since = next(s for s, lv in self._recent if lv > 0)
+        hits = sum(lv > 0 for _, lv in self._recent)
+        if level < 2 and hits < self.persist_n:
+            return None
+        severity = "critical" if level == 2 or self._streak >= self.critical_n else "warn"
+        return Finding(self.name, self.mode, severity, step, self._since, message, evidence)
+
+
+DETECTORS: dict[str, type[Detector]] = {}
+
+
+def register_detector(cls: type[Detector]) -> type[Detector]:
+    DETECTORS[cls.name] = cls
+    return cls
+
+
+def _spike(h: History, key: str, factor: float, z: float, floor: float = 0.0) -> tuple[int, float, Baseline | None]:
+    """(level, value, baseline) of `key` against `factor` x median and `z` robust deviations."""
+    x = finite(h.latest(key))
+    base = h.baseline(key)
+    if x is None or base is None:
+        return 0, x or 0.0, base
+    hi = max(base.median * factor, base.median + z * base.scale, floor)
+    if x <= hi:
+        return 0, x, base
+    return (2 if x > max(base.median * factor * 3, base.median + 3 * z * base.scale, floor) else 1), x, base
+
+
+# ----------------------------------------------------------------------------- numerics / optimisation
+
+
+@register_detector
+class NonfiniteDetector(Detector):
+    """A non-finite loss or gradient (skipped optimizer steps), or NaN/inf in the step's metrics."""
+
+    name, mode, needs_baseline = "nonfinite", "numerical_instability", False
+
+    def evaluate(self, h, ctx):
+        now, prev = finite(h.latest("nonfinite_steps")), h.previous("nonfinite_steps")
+        bad = [k for k in (h.latest("nonfinite") or []) if k in ("pg_loss", "entropy", "grad_norm", "loss", "kl_loss")]
+        if now is not None and now > (prev or 0.0):
+            return 2, f"{now - (prev or 0.0):.0f} optimizer step(s) skipped for a non-finite loss/gradient", {
+                "nonfinite_steps": _ev(now, None, previous=prev or 0.0)}
+        if bad:
+            return 2, f"non-finite {', '.join(bad)}", {k: {"value": None} for k in bad}
+        return OK
+
+
+@register_detector
+class GradSpikeDetector(Detector):
+    """grad_norm (pre-clip) far above its baseline: updates are about to blow up."""
+
+    name, mode = "grad_spike", "grad_explosion"
+    defaults = {"factor": 4.0, "z": 8.0}
+
+    def evaluate(self, h, ctx):
+        level, x, base = _spike(h, "grad_norm", self.p["factor"], self.p["z"])
+        if not level:
+            return OK
+        return level, f"grad_norm {x:.3g} vs baseline {base.median:.3g}", {"grad_norm": _ev(x, base)}
+
+
+@register_detector
+class KLExplosionDetector(Detector):
+    """Per-update policy change (approx_kl between pi_old and pi) or the KL to the reference
+    growing far faster than during the baseline window."""
+
+    name, mode = "kl_explosion", "kl_explosion"
+    defaults = {"factor": 8.0, "z": 10.0, "floor": 1e-3}
+
+    def evaluate(self, h, ctx):
+        for key in ("approx_kl", "kl_loss", "ratio_max"):
+            floor = self.p["floor"] if key != "ratio_max" else 1.0 + 10 * self.p["floor"]
+            level, x, base = _spike(h, key, self.p["factor"] if key != "ratio_max" else 1.0, self.p["z"], floor)
+            if level:
+                return level, f"{key} {x:.3g} vs baseline {base.median:.3g}", {key: _ev(x, base)}
+        return OK
+
+
+@register_detector
+class ClipSaturationDetector(Detector):
+    """The clipped fraction of tokens far above its baseline: the trust region is hit everywhere."""
+
+    name, mode = "clip_saturation", "clip_saturation"
+    defaults = {"factor": 4.0, "z": 8.0, "floor": 0.1}
+
+    def evaluate(self, h, ctx):
+        level, x, base = _spike(h, "clip_frac", self.p["factor"], self.p["z"], self.p["floor"])
+        if not level:
+            return OK
+        return level, f"clip_frac {x:.3f} vs baseline {base.median:.3f}", {"clip_frac": _ev(x, base)}
+
+
+@register_detector
+class EntropyCollapseDetector(Detector):
+    """Policy entropy (or output diversity) far below its baseline: exploration is gone."""
+
+    name, mode = "entropy_collapse", "entropy_collapse"
+    defaults = {"frac": 0.3, "diversity_frac": 0.4}
+
+    def evaluate(self, h, ctx):
+        for key, frac in (("entropy", self.p["frac"]), ("health/distinct_frac", self.p["diversity_frac"])):
+            base, x = h.baseline(key), _recent_mean(h, key, 2)
+            if base is None or x is None or base.median <= 0:
+                continue
+            if x < frac * base.median:
+                level = 2 if x < 0.5 * frac * base.median else 1
+                return level, f"{key} {x:.3g} < {frac:g} x baseline {base.median:.3g}", {key: _ev(x, base)}
+        return OK
+
+
+@register_detector
+class EntropyExplosionDetector(Detector):
+    """Policy entropy far above its baseline and its baseline maximum: the policy dissolves."""
+
+    name, mode = "entropy_explosion", "entropy_explosion"
+    defaults = {"factor": 1.6, "z": 8.0}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("entropy"), _recent_mean(h, "entropy", 2)
+        if base is None or x is None:
+            return OK
+        hi = max(base.median * self.p["factor"], base.median + self.p["z"] * base.scale, base.hi * 1.2)
+        if x <= hi:
+            return OK
+        level = 2 if x > 2 * hi else 1
+        return level, f"entropy {x:.3g} vs baseline {base.median:.3g}", {"entropy": _ev(x, base)}
+
+
+# ----------------------------------------------------------------------------- signal / lengths
+
+
+@register_detector
+class NoSignalDetector(Detector):
+    """Steps without learning signal: (almost) every group has zero reward variance, every
+    response is truncated, or the gradient is zero (pitfalls.md #8)."""
+
+    name, mode, needs_baseline = "no_signal", "no_signal", False
+    defaults = {"zero_var": 0.9, "truncated": 0.95, "grad": 1e-10}
+    persist, window = 3, 3
+
+    def evaluate(self, h, ctx):
+        zv, tr, g = (finite(h.latest(k)) for k in ("frac_zero_variance_groups", "truncation_rate", "grad_norm"))
+        base_zv = h.baseline("frac_zero_variance_groups")
+        if zv is not None and zv >= self.p["zero_var"] and (base_zv is None or base_zv.median < self.p["zero_var"]):
+            return 1, f"{zv:.0%} of groups have zero reward variance", {"frac_zero_variance_groups": _ev(zv, base_zv)}
+        if tr is not None and tr >= self.p["truncated"]:
+            return 1, f"{tr:.0%} of responses truncated", {"truncation_rate": _ev(tr, h.baseline("truncation_rate"))}
+        if g is not None and g <= self.p["grad"]:
+            return 1, f"gradient norm {g:.2g}", {"grad_norm": _ev(g, h.baseline("grad_norm"))}
+        return OK
+
+
+@register_detector
+class TruncationDetector(Detector):
+    """Truncated responses far above baseline: the generation limit cuts answers."""
+
+    name, mode = "truncation", "truncation"
+    defaults = {"margin": 0.25, "z": 6.0}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("truncation_rate", abs_floor=0.02), finite(h.latest("truncation_rate"))
+        if base is None or x is None:
+            return OK
+        if x > base.median + max(self.p["margin"], self.p["z"] * base.scale):
+            level = 2 if x > base.median + 2 * self.p["margin"] else 1
+            return level, f"truncation_rate {x:.0%} vs baseline {base.median:.0%}", {"truncation_rate": _ev(x, base)}
+        return OK
+
+
+@register_detector
+class LengthDetector(Detector):
+    """Mean response length collapsing (< frac x baseline) or blowing up (> factor x baseline)."""
+
+    name, mode = "length", "length"
+    defaults = {"collapse": 0.5, "blowup": 1.6, "z": 8.0}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("response_length/mean"), _recent_mean(h, "response_length/mean", 2)
+        if base is None or x is None or base.median <= 0:
+            return OK
+        if x < self.p["collapse"] * base.median:
+            return 1, f"response length {x:.3g} collapsed from {base.median:.3g}", {
+                "response_length/mean": _ev(x, base, direction="collapse")}
+        if x > max(self.p["blowup"] * base.median, base.median + self.p["z"] * base.scale):
+            return 1, f"response length {x:.3g} blew up from {base.median:.3g}", {
+                "response_length/mean": _ev(x, base, direction="blowup")}
+        return OK

@@ -1,0 +1,258 @@
+"""Detectors of the rollout side: reward hacking and noise, reward errors, credit assignment,
+data, weight sync, rollout/trainer mismatch, stalls and regressions. See `detectors.py` for the
+base class and the conventions (thresholds relative to the baseline window)."""
+
+from __future__ import annotations
+
+import math
+
+from tether.health.detectors import OK, Detector, History, RunContext, _ev, _recent_mean, register_detector
+from tether.health.telemetry import finite
+
+
+def _component_shares(row: dict, ctx: RunContext) -> dict[str, float]:
+    """Each reward component's share of sum_c |w_c x mean_c| in one metrics row."""
+    vals = {}
+    for name, w in ctx.reward_weights.items():
+        m = finite(row.get(f"reward/{name}/mean"))
+        if m is not None:
+            vals[name] = abs(w * m)
+    total = sum(vals.values())
+    return {k: v / total for k, v in vals.items()} if total > 0 else {}
+
+
+@register_detector
+class RewardHackingDetector(Detector):
+    """Reward going up while verified correctness does not: incorrect samples are paid more than
+    during the baseline, a non-correctness component takes over the reward, or the training
+    reward rises while held-out accuracy falls."""
+
+    name, mode = "reward_hacking", "reward_hacking"
+    defaults = {"paid_wrong": 0.15, "share": 0.25, "reward_z": 3.0, "eval_drop": 0.1}
+
+    def evaluate(self, h, ctx):
+        base_w = h.baseline("health/reward_incorrect_mean", abs_floor=0.01)
+        w = _recent_mean(h, "health/reward_incorrect_mean", 2)
+        base_r, r = h.baseline("reward/mean", abs_floor=0.01), _recent_mean(h, "reward/mean", 3)
+        base_a, a = h.baseline("accuracy", abs_floor=0.01), _recent_mean(h, "accuracy", 3)
+        rising = base_r is not None and r is not None and r > base_r.median + self.p["reward_z"] * base_r.scale
+        if base_w is not None and w is not None and w > base_w.median + self.p["paid_wrong"]:
+            level = 2 if rising or w > base_w.median + 2 * self.p["paid_wrong"] else 1
+            return level, f"incorrect samples are paid {w:.3g} on average (baseline {base_w.median:.3g})", {
+                "health/reward_incorrect_mean": _ev(w, base_w), "rule": "paid_wrong"}
+        if ctx.reward_weights and len(ctx.reward_weights) > 1 and len(h.rows) > 1:
+            now = _component_shares(h.rows[-1], ctx)
+            base_rows = [row for row in h.rows if row["step"] in set(h.baseline_steps)]
+            before = [_component_shares(row, ctx) for row in base_rows]
+            for name, share in now.items():
+                if name == ctx.correctness:
+                    continue
+                b = sum(s.get(name, 0.0) for s in before) / max(len(before), 1)
+                if share > b + self.p["share"] and share > 0.5:
+                    return 1, f"reward component {name!r} carries {share:.0%} of the reward (baseline {b:.0%})", {
+                        f"reward/{name}/share": {"value": round(share, 4), "baseline": round(b, 4)}, "rule": "component",
+                        "component": name}
+        ev = [row for row in h.rows if finite(row.get("eval/pass@1")) is not None]
+        if len(ev) >= 2 and rising and base_a is not None and a is not None and a <= base_a.median + base_a.scale:
+            first, last = ev[0]["eval/pass@1"], ev[-1]["eval/pass@1"]
+            if last < first - self.p["eval_drop"] and ev[-1]["step"] == h.last_step:
+                return 1, f"reward rose while held-out pass@1 fell {first:.3f} -> {last:.3f}", {
+                    "eval/pass@1": {"value": last, "baseline": first}, "rule": "eval"}
+        return OK
+
+
+@register_detector
+class RewardNoiseDetector(Detector):
+    """The reward stopped tracking verified correctness: correct samples are paid less than
+    during the baseline (`correct_unpaid`), or the reward no longer ranks correct samples above
+    incorrect ones of the same group (`auc`): a noisy, broken or mis-scaled reward."""
+
+    name, mode = "reward_noise", "reward_noise"
+    defaults = {"drop": 0.12, "unpaid": 0.12}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("health/reward_correct_mean", abs_floor=0.01), _recent_mean(h, "health/reward_correct_mean", 2)
+        if base is not None and x is not None and x < base.median - max(self.p["unpaid"], 4 * base.scale):
+            level = 2 if x < base.median - 2 * self.p["unpaid"] else 1
+            return level, f"verified-correct samples are paid {x:.3g} on average (baseline {base.median:.3g})", {
+                "health/reward_correct_mean": _ev(x, base), "rule": "correct_unpaid"}
+        base, x = h.baseline("health/reward_correct_auc", abs_floor=0.01), _recent_mean(h, "health/reward_correct_auc", 2)
+        if base is None or x is None:
+            return OK
+        if x < base.median - max(self.p["drop"], 4 * base.scale):
+            level = 2 if x < base.median - 3 * self.p["drop"] else 1
+            return level, f"reward agrees with verified correctness on {x:.0%} of pairs (baseline {base.median:.0%})", {
+                "health/reward_correct_auc": _ev(x, base), "rule": "auc"}
+        return OK
+
+
+@register_detector
+class ErrorSurgeDetector(Detector):
+    """Reward (or environment) calls failing, timing out or returning garbage above baseline."""
+
+    name, mode = "error_surge", "reward_errors"
+    defaults = {"margin": 0.03, "critical": 0.15}
+    persist = 1
+
+    def evaluate(self, h, ctx):
+        base = h.baseline("reward/error_rate", abs_floor=0.005)
+        x = finite(h.latest("reward/error_rate"))
+        if x is None:
+            return OK
+        b = base.median if base is not None else 0.0
+        if x > b + max(self.p["margin"], 4 * (base.scale if base else 0.0)):
+            level = 2 if x > b + self.p["critical"] else 1
+            return level, f"{x:.0%} of reward calls failed (baseline {b:.0%})", {"reward/error_rate": _ev(x, base)}
+        return OK
+
+
+# ----------------------------------------------------------------------------- credit assignment
+
+
+@register_detector
+class AdvantageAlignmentDetector(Detector):
+    """Advantages no longer follow the rewards within groups (advantage/score_corr): a sign,
+    indexing or estimator bug in credit assignment."""
+
+    name, mode = "advantage_misalignment", "credit_assignment"
+    defaults = {"drop": 0.25}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("advantage/score_corr", abs_floor=0.01), finite(h.latest("advantage/score_corr"))
+        if base is None or x is None:
+            return OK
+        if x < base.median - max(self.p["drop"], 6 * base.scale):
+            level = 2 if x < 0 else 1
+            return level, f"advantage/score correlation {x:.2f} (baseline {base.median:.2f})", {
+                "advantage/score_corr": _ev(x, base)}
+        return OK
+
+
+@register_detector
+class GroupIntegrityDetector(Detector):
+    """Samples of one group that saw different prompts: group statistics mix problems."""
+
+    name, mode, needs_baseline = "group_integrity", "credit_assignment", False
+    persist = 1
+
+    def evaluate(self, h, ctx):
+        x = finite(h.latest("health/group_mixed_frac"))
+        if x:
+            return 2, f"{x:.0%} of groups hold samples of different prompts", {"health/group_mixed_frac": {"value": x}}
+        return OK
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@register_detector
+class DataDetector(Detector):
+    """The data stream changed character: prompt lengths shifted, the same tasks come back step
+    after step, or far more problems became unsolvable than during the baseline."""
+
+    name, mode = "data_shift", "data"
+    defaults = {"prompt_z": 8.0, "prompt_rel": 0.1, "repeat": 0.35, "all_wrong": 0.25}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("health/prompt_len_mean"), _recent_mean(h, "health/prompt_len_mean", 2)
+        if base is not None and x is not None and abs(x - base.median) > max(self.p["prompt_z"] * base.scale, self.p["prompt_rel"] * base.median):
+            return 1, f"mean prompt length {x:.3g} vs baseline {base.median:.3g}", {"health/prompt_len_mean": _ev(x, base), "rule": "prompt"}
+        base, x = h.baseline("health/task_repeat_frac", abs_floor=0.02), _recent_mean(h, "health/task_repeat_frac", 2)
+        if base is not None and x is not None and x > base.median + max(self.p["repeat"], 6 * base.scale):
+            return 1, f"{x:.0%} of tasks repeat the previous step's (baseline {base.median:.0%})", {
+                "health/task_repeat_frac": _ev(x, base), "rule": "repeat"}
+        base, x = h.baseline("health/all_wrong_groups", abs_floor=0.02), _recent_mean(h, "health/all_wrong_groups", 3)
+        if base is not None and x is not None and x > base.median + max(self.p["all_wrong"], 6 * base.scale):
+            return 1, f"{x:.0%} of groups have no correct sample (baseline {base.median:.0%})", {
+                "health/all_wrong_groups": _ev(x, base), "rule": "unsolvable"}
+        return OK
+
+
+# ----------------------------------------------------------------------------- system / inference
+
+
+@register_detector
+class StaleWeightsDetector(Detector):
+    """Rollouts sampled by a policy older than the allowed staleness, or a policy version that
+    stops advancing: the rollout engine is not receiving the trainer's weights."""
+
+    name, mode, needs_baseline = "stale_weights", "stale_weights", False
+    persist = 1
+
+    def evaluate(self, h, ctx):
+        v, r = finite(h.latest("policy_version")), finite(h.latest("health/rollout_version_min"))
+        if v is not None and r is not None:
+            lag = (v - 1) - r  # the trainer's version when it sampled was v - 1 (one update per step)
+            if lag > ctx.max_staleness:
+                return 2, f"rollouts sampled by policy version {r:.0f} while the trainer is at {v - 1:.0f}", {
+                    "rollout_version_lag": {"value": lag, "allowed": ctx.max_staleness}}
+        vs = h.values("policy_version", 4)
+        if len(vs) == 4 and vs[-1] <= vs[0]:
+            return 1, f"policy_version stuck at {vs[-1]:.0f}", {"policy_version": {"value": vs[-1]}}
+        return OK
+
+
+@register_detector
+class LogpGapDetector(Detector):
+    """Rollout vs trainer log-probs drifting apart (|dlogp| mean, k3 KL, ESS) relative to the
+    baseline mismatch (pitfalls.md #3, #4)."""
+
+    name, mode = "logp_gap", "rollout_mismatch"
+    defaults = {"factor": 10.0, "z": 10.0, "floor": 2e-3, "ess_drop": 0.15}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("logp_gap_mean", abs_floor=1e-5), finite(h.latest("logp_gap_mean"))
+        if base is not None and x is not None:
+            hi = max(base.median * self.p["factor"], base.median + self.p["z"] * base.scale, self.p["floor"])
+            if x > hi:
+                level = 2 if x > 10 * hi else 1
+                return level, f"rollout/trainer |dlogp| {x:.3g} vs baseline {base.median:.3g}", {"logp_gap_mean": _ev(x, base)}
+        base, x = h.baseline("ess", abs_floor=1e-3), finite(h.latest("ess"))
+        if base is not None and x is not None and x < base.median - max(self.p["ess_drop"], 8 * base.scale):
+            return 1, f"importance-weight ESS {x:.2f} vs baseline {base.median:.2f}", {"ess": _ev(x, base)}
+        return OK
+
+
+@register_detector
+class StallDetector(Detector):
+    """Steps taking far longer than during the baseline (a slow reward, environment or sync);
+    names the phase whose time grew most. Hangs are the watchdog's (monitor.py)."""
+
+    name, mode = "stall", "stall"
+    defaults = {"factor": 1.8, "z": 8.0}
+
+    def evaluate(self, h, ctx):
+        base, x = h.baseline("time/step"), _recent_mean(h, "time/step", 2)
+        if base is None or x is None:
+            return OK
+        if x > max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale):
+            grew = {}
+            for key in ("time/generate", "time/reward", "time/batch", "time/update"):
+                b, v = h.baseline(key), finite(h.latest(key))
+                if b is not None and v is not None:
+                    grew[key] = v - b.median
+            phase = max(grew, key=grew.get) if grew else "unknown"
+            level = 2 if x > 4 * base.median else 1
+            return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s (most in {phase})", {
+                "time/step": _ev(x, base), "phase": phase}
+        return OK
+
+
+@register_detector
+class RegressionDetector(Detector):
+    """Verified accuracy (or reward, without a verifier) falling well below the baseline."""
+
+    name, mode = "regression", "regression"
+    defaults = {"drop": 0.12, "z": 3.0}
+    persist, window = 2, 3
+
+    def evaluate(self, h, ctx):
+        key = "accuracy" if h.baseline("accuracy") is not None else "reward/mean"
+        base, x = h.baseline(key, abs_floor=0.01), _recent_mean(h, key, 3)
+        if base is None or x is None:
+            return OK
+        sd = base.std if math.isfinite(base.std) else base.scale
+        if x < base.mean - max(self.p["drop"], self.p["z"] * sd):
+            level = 2 if x < base.mean - 2 * max(self.p["drop"], self.p["z"] * sd) else 1
+            return level, f"{key} {x:.3g} vs baseline {base.mean:.3g}", {key: _ev(x, base)}
+        return OK

@@ -1,0 +1,139 @@
+"""Diagnosis: ranked root-cause hypotheses from the findings of recent steps.
+
+Each cause has a fingerprint: weights on the detectors (or `detector:rule` sub-rules) whose
+findings it explains. A hypothesis scores sum(weight x severity x earliness) over the distinct
+signatures present, where the earliest-firing signatures count 1.5x (a root cause shows first;
+its consequences - a falling accuracy, a grad spike - follow). Ranked by score; `confidence` is the
+score's share of all scores. The fingerprints encode how each failure shows in telemetry
+(algorithms.md Part B, pitfalls.md #3-#8, #12, #16, #17); faultbench measures how often the top
+hypothesis is the injected cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from tether.health.detectors import Finding
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    family: str  # reward | optimisation | credit_assignment | data | system
+    title: str
+    fingerprint: dict[str, float]
+    actions: tuple[str, ...] = ()  # remediation candidates, in order (tether.health.remediation)
+    advice: str = ""
+
+
+CAUSES: dict[str, Cause] = {c.name: c for c in (
+    Cause("lr_too_high", "optimisation", "learning rate (update size) too high",
+          {"grad_spike": 3, "kl_explosion": 3, "clip_saturation": 2, "entropy_explosion": 1, "entropy_collapse": 0.7,
+           "nonfinite": 1, "regression": 0.5, "length": 0.3},
+          ("lower_lr", "raise_kl", "tighten_clip"), "lower train.lr (or raise warm-up), add a KL anchor"),
+    Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
+          {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
+          "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
+    Cause("entropy_collapse", "optimisation", "exploration collapsed (temperature too low, entropy penalty)",
+          {"entropy_collapse": 3, "no_signal": 0.5, "length:collapse": 0.3},
+          ("raise_temperature",), "raise rollout temperature, clip-higher, Clip-Cov/KL-Cov, an entropy bonus"),
+    Cause("entropy_explosion", "optimisation", "entropy blow-up (entropy bonus / clip-higher too permissive)",
+          {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3},
+          ("raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor"),
+    Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
+          {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3},
+          ("downweight_component", "raise_kl"), "fix the loophole in the verifier / shaping term; down-weight it"),
+    Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
+          {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5},
+          (), "check the verifier / judge on labelled samples; increase n or use a stricter verifier"),
+    Cause("reward_failures", "reward", "reward function failing (errors, time-outs, invalid values)",
+          {"error_surge": 4, "stall": 0.5}, (),
+          "see reward/error_rate and samples' error fields; fix the reward service"),
+    Cause("advantage_bug", "credit_assignment", "advantage sign / estimator bug",
+          {"advantage_misalignment": 4, "regression": 1}, ("halt",),
+          "check the advantage estimator: advantages must rise with reward inside a group"),
+    Cause("grouping_bug", "credit_assignment", "samples grouped with the wrong prompt",
+          {"group_integrity": 5}, ("halt",), "samples of one prompt must share one group id (uid)"),
+    Cause("data_corruption", "data", "corrupted data (wrong labels, damaged prompts)",
+          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 1, "no_signal": 0.3}, ("halt",),
+          "inspect samples/step_*.jsonl.gz: prompts and gold answers"),
+    Cause("data_repetition", "data", "the data loader repeats the same problems",
+          {"data_shift:repeat": 4}, ("halt",), "check the loader's epoch/shuffle state"),
+    Cause("stale_weights", "system", "rollout engine runs stale weights (weight sync not delivered)",
+          {"stale_weights": 5, "logp_gap": 1}, ("halt",),
+          "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync"),
+    Cause("rollout_mismatch", "system", "rollout sampling settings or numerics differ from the trainer's",
+          {"logp_gap": 3, "entropy_collapse": 0.3}, ("enable_is_correction",),
+          "align temperature/top-p/top-k and precision between engine and trainer; keep TIS/MIS on"),
+    Cause("slow_component", "system", "a slow reward, environment or sync stalls the steps",
+          {"stall": 4}, (), "see time/* per phase; scale the reward service or raise its concurrency"),
+    Cause("truncation", "system", "generation limit too short: responses truncated",
+          {"truncation": 3, "no_signal": 1.5, "length": 0.3}, ("raise_max_tokens", "raise_max_tokens_x4"),
+          "raise rollout.sampling.max_new_tokens (or add overlong shaping)"),
+    Cause("no_signal", "data", "no learning signal (tasks all solved or all failed)",
+          {"no_signal": 2}, (), "adjust task difficulty, raise rollout.n, enable dynamic sampling"),
+)}
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    cause: str
+    family: str
+    title: str
+    score: float
+    confidence: float
+    since: int
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    actions: tuple[str, ...] = ()
+    advice: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cause": self.cause, "family": self.family, "title": self.title, "score": round(self.score, 3),
+                "confidence": round(self.confidence, 3), "since": self.since, "evidence": self.evidence,
+                "actions": list(self.actions), "advice": self.advice}
+
+
+def signatures(f: Finding) -> list[str]:
+    """The fingerprint keys a finding matches: its detector, plus `detector:rule`/direction."""
+    keys = [f.detector]
+    for k in ("rule", "direction"):
+        v = f.evidence.get(k)
+        if v is None:
+            v = next((e.get(k) for e in f.evidence.values() if isinstance(e, dict) and e.get(k)), None)
+        if v:
+            keys.append(f"{f.detector}:{v}")
+    return keys
+
+
+def diagnose(findings: Iterable[Finding]) -> list[Hypothesis]:
+    """Ranked hypotheses (best first) explaining `findings` (the recent ones of a run)."""
+    latest: dict[str, Finding] = {}
+    first_since: dict[str, int] = {}
+    for f in findings:
+        for key in signatures(f):
+            prev = latest.get(key)
+            if prev is None or f.severity == "critical" or prev.severity != "critical":
+                latest[key] = f
+            first_since[key] = min(first_since.get(key, f.since), f.since)
+    if not latest:
+        return []
+    earliest = min(first_since.values())
+    scored = []
+    for cause in CAUSES.values():
+        score, ev, since = 0.0, [], None
+        for key, w in cause.fingerprint.items():
+            f = latest.get(key)
+            if f is None:
+                continue
+            sev = 1.0 if f.severity == "critical" else 0.6
+            early = 1.5 if first_since[key] <= earliest + 1 else 1.0
+            score += w * sev * early
+            since = first_since[key] if since is None else min(since, first_since[key])
+            if key == f.detector:
+                ev.append({"detector": f.detector, "since": first_since[key], "severity": f.severity, "message": f.message})
+        if score > 0:
+            scored.append((score, cause, since, ev))
+    total = sum(s for s, *_ in scored)
+    scored.sort(key=lambda x: (-x[0], x[2]))
+    return [Hypothesis(c.name, c.family, c.title, s, s / total, since, ev, c.actions, c.advice) for s, c, since, ev in scored]

@@ -1,0 +1,212 @@
+"""Fault injection for `tether faultbench`: plugins that corrupt one seam of the RL loop.
+
+A fault is a class with a name, a family, the root cause it stands for (what a correct diagnosis
+names), two severities (`subtle`, `obvious`) and the seam(s) it acts on. The recipe calls the
+seams through one object, `st.faults`, which is `NO_FAULTS` (every seam returns its input) unless
+`health.inject` names faults, so the no-fault path costs one method call per seam.
+
+Seams (the step being computed is passed as `step`, 1-based):
+
+    begin_step(st, cfg, step)              config faults (a bad LR, temperature, reward weight)
+    on_problems(problems, step)            data: what the loader hands out
+    on_sampler(policy, sampling, step)     sampler / weight sync: what the rollout engine runs
+    on_rollouts(groups, step)              rewards, rollout log-probs, grouping
+    on_advantages(adv_BT, group_B, step)   credit assignment
+    install(st, cfg, step_fn)              loss / optimizer: torch hooks (grad hooks, step hooks)
+
+Add a fault type in one file: drop a module into this package (it is imported on first use) or
+anywhere importable and name it as `package.module:ClassName` in `health.inject`::
+
+    @register_fault
+    class MyFault(Fault):
+        name, family, cause = "my_fault", "data", "data_corruption"
+        severities = {"subtle": {"p": 0.2}, "obvious": {"p": 0.8}}
+        def on_problems(self, problems, step):
+            return [dict(p, answer="?") if self.coin(step, p["id"]) < self.p["p"] else p for p in problems]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pkgutil
+import random
+from typing import Any, Callable, ClassVar, Sequence
+
+FAMILIES = ("reward", "optimisation", "credit_assignment", "data", "system")
+FAULTS: dict[str, type["Fault"]] = {}
+
+
+def register_fault(cls: type["Fault"]) -> type["Fault"]:
+    """Class decorator: make a fault available by its `name`."""
+    if not cls.name or cls.family not in FAMILIES:
+        raise ValueError(f"fault {cls.__name__}: needs a name and a family in {FAMILIES}")
+    if cls.name in FAULTS and FAULTS[cls.name] is not cls:
+        raise ValueError(f"fault {cls.name!r} is registered twice")
+    FAULTS[cls.name] = cls
+    return cls
+
+
+class Fault:
+    """One injected fault. Subclasses override the seams they corrupt; the others pass through."""
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    cause: ClassVar[str] = ""  # the diagnosis a correct doctor names (tether.health.diagnosis.CAUSES)
+    seam: ClassVar[str] = ""
+    remediable: ClassVar[bool] = False  # can an action of the catalogue repair it (decided a priori)
+    severities: ClassVar[dict[str, dict[str, Any]]] = {"subtle": {}, "obvious": {}}
+    description: ClassVar[str] = ""
+
+    def __init__(self, severity: str = "obvious", start: int = 1, params: dict[str, Any] | None = None, seed: int = 0) -> None:
+        if severity not in self.severities:
+            raise ValueError(f"fault {self.name}: severity must be one of {sorted(self.severities)}, got {severity!r}")
+        self.severity, self.start, self.seed = severity, int(start), int(seed)
+        self.p: dict[str, Any] = {**self.severities[severity], **(params or {})}
+
+    def active(self, step: int) -> bool:
+        return step >= self.start
+
+    def coin(self, *key: Any) -> float:
+        """A reproducible uniform number in [0, 1) for `key` (never touches the run's RNGs)."""
+        h = hashlib.blake2b(repr((self.name, self.seed) + key).encode(), digest_size=8).digest()
+        return int.from_bytes(h, "big") / 2.0**64
+
+    def rng(self, step: int) -> random.Random:
+        return random.Random(int(self.coin("rng", step) * 2**62))
+
+    # ---- seams (identity by default)
+    def begin_step(self, st: Any, cfg: Any, step: int) -> None:
+        pass
+
+    def on_problems(self, problems: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+        return problems
+
+    def on_sampler(self, policy: Any, sampling: Any, step: int) -> tuple[Any, Any]:
+        return policy, sampling
+
+    def on_rollouts(self, groups: list[Any], step: int) -> list[Any]:
+        return groups
+
+    def on_advantages(self, adv_BT: Any, group_B: Any, step: int) -> Any:
+        return adv_BT
+
+    def install(self, st: Any, cfg: Any, step_fn: Callable[[], int]) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "family": self.family, "cause": self.cause, "severity": self.severity,
+                "start": self.start, "params": dict(self.p), "remediable": self.remediable}
+
+
+class NoFaults:
+    """The null object behind `st.faults` when nothing is injected: every seam is the identity."""
+
+    faults: tuple = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def on_problems(self, problems):
+        return problems
+
+    def on_sampler(self, policy, sampling):
+        return policy, sampling
+
+    def on_rollouts(self, groups):
+        return groups
+
+    def on_advantages(self, adv_BT, group_B):
+        return adv_BT
+
+
+NO_FAULTS = NoFaults()
+
+
+class FaultSet:
+    """The injected faults of a run, called at the seams; the current step comes from `st.step`."""
+
+    def __init__(self, faults: Sequence[Fault], st: Any, cfg: Any) -> None:
+        self.faults = tuple(faults)
+        self.st, self.cfg = st, cfg
+        self._begun = 0
+        for f in self.faults:
+            f.install(st, cfg, self._step)
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def _step(self) -> int:
+        return int(self.st.step) + 1
+
+    def _live(self) -> list[Fault]:
+        step = self._step()
+        if self._begun != step:  # the first seam of a step applies config faults
+            self._begun = step
+            for f in self.faults:
+                if f.active(step):
+                    f.begin_step(self.st, self.cfg, step)
+        return [f for f in self.faults if f.active(step)]
+
+    def on_problems(self, problems):
+        for f in self._live():
+            problems = f.on_problems(problems, self._step())
+        return problems
+
+    def on_sampler(self, policy, sampling):
+        for f in self._live():
+            policy, sampling = f.on_sampler(policy, sampling, self._step())
+        return policy, sampling
+
+    def on_rollouts(self, groups):
+        for f in self._live():
+            groups = f.on_rollouts(groups, self._step())
+        return groups
+
+    def on_advantages(self, adv_BT, group_B):
+        for f in self._live():
+            adv_BT = f.on_advantages(adv_BT, group_B, self._step())
+        return adv_BT
+
+
+_LOADED = False
+
+
+def load_fault_plugins() -> dict[str, type[Fault]]:
+    """Import every module of this package once (each registers its faults); returns FAULTS."""
+    global _LOADED
+    if not _LOADED:
+        for info in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{info.name}")
+        _LOADED = True
+    return FAULTS
+
+
+def get_fault_class(name: str) -> type[Fault]:
+    """A registered fault by name, or `package.module:ClassName` from user code."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        cls = getattr(importlib.import_module(module), attr, None)
+        if not (isinstance(cls, type) and issubclass(cls, Fault)):
+            raise ValueError(f"fault {name!r}: {attr!r} in {module!r} is not a Fault subclass")
+        return cls
+    faults = load_fault_plugins()
+    if name not in faults:
+        raise ValueError(f"unknown fault {name!r}; valid: {', '.join(sorted(faults))}")
+    return faults[name]
+
+
+def build_faults(specs: Sequence[Any], st: Any, cfg: Any, seed: int = 0) -> FaultSet | NoFaults:
+    """`st.faults` for a run: NO_FAULTS when `specs` is empty, else a FaultSet with hooks installed."""
+    if not specs:
+        return NO_FAULTS
+    faults = []
+    for s in specs:
+        d = s.model_dump() if hasattr(s, "model_dump") else dict(s)
+        cls = get_fault_class(d["name"])
+        faults.append(cls(d.get("severity", "obvious"), d.get("start", 1), d.get("params") or {}, seed))
+    return FaultSet(faults, st, cfg)
+
+
+__all__ = ["FAMILIES", "FAULTS", "Fault", "FaultSet", "NO_FAULTS", "NoFaults", "build_faults", "get_fault_class",
+           "load_fault_plugins", "register_fault"]

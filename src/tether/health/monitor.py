@@ -1,0 +1,348 @@
+"""The online health monitor: observe every step, detect, diagnose, and (mode=auto) repair.
+
+    st.health = build_health(cfg, rd, st)           # run_rl, before the first evaluation
+    if st.health.observe(st, cfg, metrics, groups): # after each step, before the sinks log it
+        stop.requested = True                       # auto mode halted the run with a report
+
+`observe` adds the `health/*` telemetry and `health/alarms` to the step's metrics (so the
+detectors can be replayed from metrics.jsonl by `tether doctor`), appends findings, diagnoses
+and actions to `health.jsonl`, and never raises: a failing detector is logged and disabled, a
+failing monitor is logged and skipped. A watchdog thread names the phase a hung run is stuck in
+(reward, generate, update, eval, checkpoint, ...), dumps every thread's stack and exits with 3.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from tether.health import detectors_rollout  # noqa: F401  (registers the rollout-side detectors)
+from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
+from tether.health.diagnosis import Hypothesis, diagnose
+from tether.health.remediation import ACTIONS, Snapshot, do_rollback, take_snapshot
+from tether.health.telemetry import History, compute_trajectory_stats, finite
+
+log = logging.getLogger("tether.health")
+
+
+def build_detectors(hc: Any) -> dict[str, Detector]:
+    """The enabled detectors with their `health.thresholds` overrides applied."""
+    unknown = [n for n in hc.disable if n not in DETECTORS]
+    over: dict[str, dict[str, float]] = {}
+    for key, v in hc.thresholds.items():
+        name, _, param = key.partition(".")
+        if name not in DETECTORS or not param:
+            unknown.append(key)
+        over.setdefault(name, {})[param] = v
+    if unknown:
+        raise ValueError(f"health: unknown detector(s) {unknown}; valid: {', '.join(sorted(DETECTORS))}")
+    return {n: cls(over.get(n)) for n, cls in DETECTORS.items() if n not in hc.disable}
+
+
+def build_context(cfg: Any) -> RunContext:
+    comps = cfg.reward.components
+    return RunContext(cfg.reward.correctness or (comps[0].name if comps else None),
+                      {c.name: float(c.weight) for c in comps}, cfg.health.max_staleness)
+
+
+class NullMonitor:
+    """`health.mode=off`: observes nothing."""
+
+    def observe(self, st: Any, cfg: Any, metrics: dict, groups: list) -> bool:
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        return {"mode": "off"}
+
+    def close(self) -> None:
+        pass
+
+
+class HealthMonitor:
+    def __init__(self, cfg: Any, rd: Any = None) -> None:
+        hc = cfg.health
+        self.mode, self.hc, self.rd = hc.mode, hc, rd
+        self.history = History(hc.baseline_skip, hc.baseline_window, hc.rebase_every)
+        self.detectors = build_detectors(hc)
+        self.disabled: dict[str, str] = {}
+        self.findings: list[Finding] = []
+        self._active: dict[str, str] = {}  # detector -> severity last reported
+        self.diagnosis: list[Hypothesis] = []
+        self.actions: list[dict[str, Any]] = []
+        self.snapshots: list[Snapshot] = []
+        self.trial: dict[str, Any] | None = None
+        self.halted: str | None = None
+        self.overhead_s = 0.0
+        self._prev_tasks: list[str] = []
+        self._unactionable: set[str] = set()
+        self._tried = 0
+        self.watchdog = Watchdog(hc.watchdog_timeout_s, rd) if hc.watchdog_timeout_s else None
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self, st: Any, cfg: Any, metrics: dict, groups: list) -> bool:
+        """Health of the step just finished; True when auto mode halts the run."""
+        t0 = time.perf_counter()
+        halt = False
+        try:
+            halt = self._observe(st, cfg, metrics, groups)
+        except Exception as err:  # the monitor must never stop training
+            log.error("health monitor failed at step %s (skipped): %s", getattr(st, "step", "?"), err)
+            self._write({"kind": "monitor_error", "step": getattr(st, "step", None), "error": repr(err),
+                         "traceback": traceback.format_exc(limit=5)})
+        dt = time.perf_counter() - t0
+        self.overhead_s += dt
+        metrics["time/health"] = dt
+        return halt
+
+    def _observe(self, st, cfg, metrics, groups) -> bool:
+        step = int(st.step)
+        metrics.update(compute_trajectory_stats(groups, self._prev_tasks))
+        self._prev_tasks = [g.task_id for g in groups]
+        findings = self.run_detectors(step, metrics, build_context(cfg))
+        metrics["health/alarms"] = float(len(findings))
+        metrics["health/critical"] = float(sum(f.severity == "critical" for f in findings))
+        if self.mode != "auto":
+            return False
+        return self._remediate(st, cfg, step, findings)
+
+    def run_detectors(self, step: int, row: dict, ctx: RunContext) -> list[Finding]:
+        """Add `row` to the history, run every enabled detector, report and diagnose."""
+        self.history.add(step, dict(row))
+        found = []
+        for name, det in list(self.detectors.items()):
+            try:
+                f = det.check(self.history, ctx)
+            except Exception as err:  # a broken detector is switched off, never fatal
+                self.disabled[name] = repr(err)
+                del self.detectors[name]
+                log.error("health detector %s failed and is disabled: %r", name, err)
+                self._write({"kind": "detector_error", "step": step, "detector": name, "error": repr(err)})
+                continue
+            if f is not None:
+                found.append(f)
+        for f in found:
+            if self._active.get(f.detector) != f.severity:
+                self._write({"kind": "finding", **f.to_json()})
+                log.warning("step %d: %s [%s] since step %d: %s (docs/health/%s.md)", step, f.detector, f.severity,
+                            f.since, f.message, f.mode)
+        self._active = {f.detector: f.severity for f in found}
+        if found:
+            self.history.exclude([step])
+            self.findings.extend(found)
+            self._diagnose(step)
+        return found
+
+    def _diagnose(self, step: int) -> None:
+        recent = [f for f in self.findings if f.step > step - 10]
+        hyps = diagnose(recent)
+        if hyps and (not self.diagnosis or hyps[0].cause != self.diagnosis[0].cause):
+            self._write({"kind": "diagnosis", "step": step, "hypotheses": [h.to_json() for h in hyps[:3]]})
+            log.warning("step %d: likely cause: %s (%s, confidence %.0f%%)", step, hyps[0].title, hyps[0].family,
+                        100 * hyps[0].confidence)
+        self.diagnosis = hyps
+
+    # ------------------------------------------------------------------ auto mode
+
+    def _remediate(self, st, cfg, step: int, findings: list[Finding]) -> bool:
+        if self.trial is not None:
+            return self._judge_trial(st, cfg, step)
+        if not findings and step % self.hc.snapshot_every == 0 and self._clean_since(step - 2):
+            self.snapshots = (self.snapshots + [take_snapshot(st, step)])[-3:]
+        critical = [f for f in findings if f.severity == "critical"]
+        if not critical or not self.diagnosis:
+            return False
+        top = self.diagnosis[0]
+        if not top.actions:
+            if top.cause not in self._unactionable:
+                self._unactionable.add(top.cause)
+                self._write({"kind": "advice", "step": step, "cause": top.cause, "advice": top.advice,
+                             "message": "no safe automatic change for this cause; advising only"})
+            return False
+        since = min(f.since for f in self.findings if f.step > step - 10)
+        return self._start_trial(st, cfg, step, since, list(top.actions), top, critical)
+
+    def _clean_since(self, step: int) -> bool:
+        return not any(f.step >= step for f in self.findings[-20:])
+
+    def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings) -> bool:
+        snap = next((s for s in reversed(self.snapshots) if s.step < since), None)
+        evidence: dict[str, Any] = {}
+        for f in evidence_findings:
+            evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
+        while candidates:
+            name = candidates.pop(0)
+            if name == "halt" or self._tried >= self.hc.max_actions:
+                return self._halt(step, hyp, "the diagnosed cause needs a fix no setting can make" if name == "halt"
+                                  else f"{self._tried} repairs tried")
+            if snap is not None:
+                do_rollback(st, snap)
+            changes = ACTIONS[name].apply(st, cfg, evidence)
+            if not changes:
+                continue
+            self._tried += 1
+            pre = self._window_before(since)
+            self.trial = {"action": name, "start": step, "since": since, "snap": snap, "changes": changes,
+                          "candidates": candidates, "hyp": hyp, "pre": pre, "evidence": evidence}
+            for d in self.detectors.values():
+                d.reset()
+            self.history.exclude(range(since, step + 1))
+            self._act("apply", step, name, hyp, changes, snap)
+            return False
+        return self._halt(step, hyp, "no applicable repair left")
+
+    def _window_before(self, since: int) -> list[float]:
+        key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
+        rows = [r for r in self.history.rows if r["step"] < since and r["step"] not in self.history.excluded]
+        return [v for r in rows[-self.hc.trial_window:] if (v := finite(r.get(key))) is not None]
+
+    def _judge_trial(self, st, cfg, step: int) -> bool:
+        t = self.trial
+        if step < t["start"] + self.hc.trial_window:
+            return False
+        watch = set(ACTIONS[t["action"]].watch)
+        bad = [f for f in self.findings if f.step > t["start"] + 1 and f.severity == "critical" and f.detector in watch]
+        key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
+        now = [v for r in self.history.rows if r["step"] > t["start"] and (v := finite(r.get(key))) is not None]
+        pre = t["pre"]
+        pre_mean = sum(pre) / len(pre) if pre else None
+        tol = 0.03 if len(pre) < 2 else max(0.03, 2 * (sum((x - pre_mean) ** 2 for x in pre) / (len(pre) - 1)) ** 0.5 / len(now) ** 0.5)
+        now_mean = sum(now) / len(now) if now else None
+        worse = pre_mean is not None and now_mean is not None and now_mean < pre_mean - tol
+        self.trial = None
+        if not bad and not worse:
+            self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean)
+            return False
+        if t["snap"] is not None:
+            do_rollback(st, t["snap"])
+        for c in reversed(t["changes"]):
+            c.undo()
+        why = f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else \
+            f"{key} {now_mean:.3g} below pre-fault {pre_mean:.3g}"
+        self._act("revert", step, t["action"], t["hyp"], t["changes"], t["snap"], reason=why)
+        self.history.exclude(range(t["start"], step + 1))
+        return self._start_trial(st, cfg, step, t["since"], t["candidates"], t["hyp"], [])
+
+    def _act(self, kind, step, name, hyp, changes, snap, **more) -> None:
+        rec = {"kind": "action", "event": kind, "step": step, "action": name, "title": ACTIONS[name].title,
+               "cause": hyp.cause, "changes": [c.to_json() for c in changes],
+               "rollback_to": snap.step if snap is not None else None, **more}
+        self.actions.append(rec)
+        self._write(rec)
+        log.warning("step %d: %s %s (%s) for cause %s%s", step, kind, name, ACTIONS[name].title, hyp.cause,
+                    f", rolled back to step {snap.step}" if snap is not None and kind != "keep" else "")
+
+    def _halt(self, step: int, hyp: Hypothesis, why: str) -> bool:
+        self.halted = f"step {step}: {hyp.title} ({hyp.family}); {why}"
+        self._write({"kind": "halt", "step": step, "cause": hyp.cause, "family": hyp.family, "reason": why,
+                     "advice": hyp.advice, "hypotheses": [h.to_json() for h in self.diagnosis[:3]]})
+        log.error("halting: %s. %s", self.halted, hyp.advice)
+        return True
+
+    # ------------------------------------------------------------------ reporting
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.rd is not None:
+            try:
+                self.rd.append_health(record)
+            except OSError as err:
+                log.error("cannot write health.jsonl: %s", err)
+
+    def summary(self) -> dict[str, Any]:
+        first = min(self.findings, key=lambda f: (f.step, f.since), default=None)
+        return {
+            "mode": self.mode, "healthy": not self.findings, "findings": len(self.findings),
+            "first_alarm": None if first is None else {"step": first.step, "since": first.since, "detector": first.detector},
+            "diagnosis": [h.to_json() for h in self.diagnosis[:3]], "actions": self.actions, "halted": self.halted,
+            "disabled": self.disabled, "overhead_s": self.overhead_s,
+        }
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
+def build_health(cfg: Any, rd: Any = None, st: Any = None) -> HealthMonitor | NullMonitor:
+    """The run's monitor (`NullMonitor` for `health.mode=off`); a resumed run re-reads its history."""
+    if cfg.health.mode == "off":
+        return NullMonitor()
+    mon = HealthMonitor(cfg, rd)
+    if rd is not None and st is not None and st.step > 0:
+        by_step: dict[int, dict] = {}
+        for row in rd.read_metrics():
+            if isinstance(row.get("step"), int) and 0 < row["step"] <= st.step:
+                by_step.setdefault(row["step"], {}).update(row)
+        for s in sorted(by_step):
+            mon.history.add(s, by_step[s])
+    return mon
+
+
+# ----------------------------------------------------------------------------- watchdog
+
+PHASES = (  # innermost function on the main thread's stack -> phase
+    ("save_checkpoint", "checkpoint"), ("run_rewards", "reward"), ("run_generate", "generate"),
+    ("compute_batch_logprobs", "scoring"), ("run_update", "update"), ("run_eval", "eval"),
+    ("make_train_batch", "batch"), ("collect_groups", "rollout"), ("observe", "health"), ("run_rl", "loop"),
+)
+
+
+def current_phase(thread_id: int | None = None) -> str | None:
+    """The phase of the main thread (None when no training function is on its stack)."""
+    frame = sys._current_frames().get(thread_id or threading.main_thread().ident)
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return next((phase for fn, phase in PHASES if fn in names), None)
+
+
+class Watchdog:
+    """Samples the main thread's phase every `interval` s; one phase lasting `timeout_s` is a
+    hang: stacks go to stderr and `<run>/health_stacks.txt`, health.jsonl gets a record, and the
+    process exits with code 3. Stops by itself once no training function is on the stack."""
+
+    def __init__(self, timeout_s: float, rd: Any = None, interval: float = 1.0, exit_fn=os._exit) -> None:
+        self.timeout_s, self.rd, self.interval, self.exit_fn = timeout_s, rd, interval, exit_fn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tether-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        phase, since, idle = None, time.monotonic(), 0
+        while not self._stop.wait(self.interval):
+            now, p = time.monotonic(), current_phase()
+            idle = idle + 1 if p is None else 0
+            if idle > 5:
+                return
+            if p != phase:
+                phase, since = p, now
+            elif p is not None and now - since > self.timeout_s:
+                self.fire(p, now - since)
+                return
+
+    def fire(self, phase: str, seconds: float) -> None:
+        msg = (f"tether watchdog: the run is stuck in phase '{phase}' for {seconds:.0f}s "
+               f"(health.watchdog_timeout_s={self.timeout_s:g}); stacks follow, exiting with code 3")
+        print(msg, file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if self.rd is not None:
+            try:
+                with open(self.rd.root / "health_stacks.txt", "w") as fh:
+                    faulthandler.dump_traceback(file=fh, all_threads=True)
+                self.rd.append_health({"kind": "hang", "phase": phase, "seconds": seconds, "message": msg})
+            except OSError:
+                pass
+        sys.stderr.flush()
+        self.exit_fn(3)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+__all__ = ["HealthMonitor", "NullMonitor", "Watchdog", "build_health", "build_detectors", "current_phase"]

@@ -1,0 +1,211 @@
+"""Remediation: roll back to the last healthy snapshot and apply one safe change, transactionally.
+
+The catalogue holds small, revertible changes; each names the detectors that must be quiet for
+the change to count as a repair (`watch`). The controller (monitor.py, `health.mode=auto`):
+
+1. a critical finding -> diagnosis -> the top cause's candidate actions;
+2. roll the weights and optimizer moments back to the newest snapshot taken before the fault's
+   first evidence, apply the first applicable candidate;
+3. watch `health.trial_window` steps: the change is KEPT if none of its `watch` detectors fired
+   critically and the window's verified accuracy is not below the pre-fault window's, otherwise
+   REVERTED (roll back again, undo the change) and the next candidate is tried;
+4. after `health.max_actions` tries, or when the cause calls for it (a code bug no setting can
+   fix), the run halts with a report.
+
+A rollback restores weights, optimizer moments and the update counters; it keeps the current
+hyper-parameters (the LR, temperature, ... in force), the data position and the RNG stream, and
+policy versions keep increasing (weight-sync handshakes stay monotonic). Snapshots are in memory
+(`health.snapshot_every` healthy steps, the newest three kept) and only taken in auto mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Snapshot:
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    update: dict[str, Any]
+    critic: dict[str, torch.Tensor] | None = None
+
+
+def take_snapshot(st: Any, step: int) -> Snapshot:
+    """Copy what a rollback restores (to CPU, so GPU memory is not doubled)."""
+    model = {k: v.detach().to("cpu", copy=True) for k, v in st.policy.model.state_dict().items()}
+    opt = copy.deepcopy(st.optimizer.state_dict())
+    critic = None
+    if getattr(st, "critic", None) is not None:
+        critic = {k: v.detach().to("cpu", copy=True) for k, v in st.critic.state_dict().items()}
+    return Snapshot(step, model, opt, dict(vars(st.update)), critic)
+
+
+def do_rollback(st: Any, snap: Snapshot) -> None:
+    """Restore weights, optimizer moments and counters from `snap`; keep current hyper-parameters."""
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in st.optimizer.param_groups]
+    st.policy.model.load_state_dict(snap.model)
+    st.optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
+    for g, h in zip(st.optimizer.param_groups, hyper):
+        g.update(h)
+    st.update.bad_steps_in_a_row = 0
+    if snap.critic is not None and getattr(st, "critic", None) is not None:
+        st.critic.load_state_dict(snap.critic)
+
+
+# ----------------------------------------------------------------------------- changes
+
+
+@dataclass
+class Change:
+    """One reversible setting change; `undo` restores what `apply` replaced."""
+
+    path: str
+    old: Any
+    new: Any
+    undo: Callable[[], None] = field(repr=False, default=lambda: None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "old": self.old, "new": self.new}
+
+
+def _set_cfg(cfg: Any, path: str, value: Any) -> Change:
+    *parents, leaf = path.split(".")
+    node = cfg
+    for p in parents:
+        node = getattr(node, p)
+    old = getattr(node, leaf)
+    setattr(node, leaf, value)
+    return Change(path, old, value, lambda: setattr(node, leaf, old))
+
+
+def _set_lr(st: Any, factor: float) -> Change:
+    """Scale the policy's learning rate (param group 0 and the scheduler's base LR)."""
+    g = st.optimizer.param_groups[0]
+    old_lr = g["lr"]
+    sched = getattr(st, "scheduler", None)
+    old_base = list(getattr(sched, "base_lrs", []) or [])
+    g["lr"] = old_lr * factor
+    if sched is not None and old_base:
+        sched.base_lrs[0] = old_base[0] * factor
+
+    def undo() -> None:
+        g["lr"] = old_lr
+        if sched is not None and old_base:
+            sched.base_lrs[0] = old_base[0]
+
+    return Change("train.lr", old_lr, old_lr * factor, undo)
+
+
+# ----------------------------------------------------------------------------- the catalogue
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    title: str
+    watch: tuple[str, ...]  # detectors that must stay quiet for the change to be kept
+    apply: Callable[[Any, Any, dict], list[Change]]  # (st, cfg, evidence) -> changes; [] = not applicable
+
+
+def _lower_lr(st, cfg, ev):
+    return [_set_lr(st, 0.3)]
+
+
+def _raise_kl(st, cfg, ev):
+    kl = cfg.algo.kl
+    new = 0.05 if kl.coef == 0 else kl.coef * 3
+    changes = []
+    if getattr(st, "ref", None) is None:
+        from tether.recipes.common import make_reference
+
+        st.ref = make_reference(st.policy)  # anchored at the rolled-back (healthy) weights
+
+        def drop_ref() -> None:
+            st.ref = None
+
+        changes.append(Change("reference", None, "snapshot weights", drop_ref))
+    old_coef = st.update.kl_coef
+    changes.append(_set_cfg(cfg, "algo.kl.coef", new))
+    st.update.kl_coef = new
+
+    def undo_coef() -> None:
+        st.update.kl_coef = old_coef
+
+    changes.append(Change("update.kl_coef", old_coef, new, undo_coef))
+    return changes
+
+
+def _tighten_clip(st, cfg, ev):
+    pl = cfg.algo.policy_loss
+    return [_set_cfg(cfg, "algo.policy_loss.clip_low", pl.clip_low * 0.5),
+            _set_cfg(cfg, "algo.policy_loss.clip_high", pl.clip_high * 0.5)]
+
+
+def _enable_is(st, cfg, ev):
+    c = cfg.algo.correction
+    if c.mode == "mask" and c.level == "sequence":
+        return []
+    return [_set_cfg(cfg, "algo.correction.threshold_low", 0.5), _set_cfg(cfg, "algo.correction.level", "sequence"),
+            _set_cfg(cfg, "algo.correction.mode", "mask")]
+
+
+def _raise_temperature(st, cfg, ev):
+    t = cfg.rollout.sampling.temperature
+    return [_set_cfg(cfg, "rollout.sampling.temperature", max(1.0, 1.5 * t))] if t < 1.5 else []
+
+
+def _raise_max_tokens(factor: int):
+    def apply(st, cfg, ev):
+        m = cfg.rollout.sampling.max_new_tokens
+        limit = getattr(st.policy, "max_positions", m * factor)
+        new = min(m * factor, max(m, limit - 1))
+        return [_set_cfg(cfg, "rollout.sampling.max_new_tokens", new)] if new > m else []
+    return apply
+
+
+def _downweight_component(st, cfg, ev):
+    """Down-weight (x0.1) the component the reward-hacking evidence names, else the
+    non-correctness component with the largest weight."""
+    comps = list(cfg.reward.components)
+    correctness = cfg.reward.correctness or comps[0].name
+    name = ev.get("component")
+    if name is None:
+        others = [c for c in comps if c.name != correctness]
+        if not others:
+            return []
+        name = max(others, key=lambda c: abs(c.weight)).name
+    i = next((i for i, c in enumerate(comps) if c.name == name), None)
+    if i is None or name == correctness:
+        return []
+    new = comps[i].model_copy(update={"weight": comps[i].weight * 0.1})
+    changes = [_set_cfg(cfg, "reward.components", [*comps[:i], new, *comps[i + 1:]])]
+    changes[0].path = f"reward.components[{name}].weight"
+    changes[0].old, changes[0].new = comps[i].weight, new.weight
+    if cfg.reward.correctness is None:
+        changes.append(_set_cfg(cfg, "reward.correctness", correctness))
+    return changes
+
+
+def _halt(st, cfg, ev):
+    return []
+
+
+_HARM = ("grad_spike", "kl_explosion", "nonfinite", "regression")
+ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("lower_lr", "lower the learning rate 0.3x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr),
+    Action("raise_kl", "add / raise a KL anchor to the last healthy weights", _HARM + ("entropy_explosion", "reward_hacking"), _raise_kl),
+    Action("tighten_clip", "halve the clipping range", _HARM + ("clip_saturation",), _tighten_clip),
+    Action("enable_is_correction", "sequence-level masked importance sampling (MIS)", _HARM, _enable_is),
+    Action("raise_temperature", "raise the rollout temperature (to at least 1.0)", ("entropy_collapse", "regression"), _raise_temperature),
+    Action("raise_max_tokens", "double max_new_tokens", ("truncation", "no_signal", "regression"), _raise_max_tokens(2)),
+    Action("raise_max_tokens_x4", "quadruple max_new_tokens", ("truncation", "no_signal", "regression"), _raise_max_tokens(4)),
+    Action("downweight_component", "down-weight the reward component carrying the reward (x0.1)", ("reward_hacking", "regression"),
+           _downweight_component),
+    Action("halt", "halt with a report", (), _halt),
+)}

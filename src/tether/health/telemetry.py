@@ -1,0 +1,251 @@
+"""Health telemetry: per-step signals derived from a step's trajectories, and the run history
+that every detector reads (RFT-FM, arXiv 2605.04431: failures are observable from training
+dynamics; only the abstract was available, the signal set here is tether's own).
+
+Two sources feed the history, one row per step:
+- the recipe's metrics row (reward, accuracy, entropy, grad_norm, logp_gap_*, ...);
+- `compute_trajectory_stats(groups)`: signals only the per-trajectory records carry
+  (reward/correctness agreement, repetition, output diversity, group integrity, rollout policy
+  version, prompt lengths, repeated tasks). They are written into the metrics row under
+  `health/*`, so `tether doctor` can replay the detectors from `metrics.jsonl` alone.
+
+Everything here is O(number of tokens of the step) in plain Python: well under 1% of a step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+from tether.types import Outcome, TrajectoryGroup
+
+# ----------------------------------------------------------------------------- per-step signals
+
+
+def _repetition(ids: Sequence[int], n: int = 2) -> float:
+    """1 - distinct n-grams / n-grams of one response (0 for responses shorter than 2n)."""
+    if len(ids) < 2 * n:
+        return 0.0
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+def _reward_correct_auc(groups: Sequence[TrajectoryGroup]) -> tuple[float, int]:
+    """P(reward(correct) > reward(incorrect)) over (correct, incorrect) pairs of one group.
+
+    ~1 when the reward ranks verified-correct samples first; falls when the reward is noisy or
+    pays for something other than correctness. Ties count 1/2. Returns (auc, number of pairs)."""
+    wins, pairs = 0.0, 0
+    for g in groups:
+        ok = [t for t in g.trajectories if t.reward.outcome == Outcome.OK and t.reward.correct is not None]
+        good = [t.reward.total for t in ok if t.reward.correct]
+        bad = [t.reward.total for t in ok if not t.reward.correct]
+        for r1 in good:
+            for r0 in bad:
+                wins += 1.0 if r1 > r0 else 0.5 if r1 == r0 else 0.0
+        pairs += len(good) * len(bad)
+    return (wins / pairs if pairs else float("nan")), pairs
+
+
+def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: Iterable[str] = ()) -> dict[str, float]:
+    """Signals of one step's rollouts that the per-step metrics do not carry (`health/*` keys).
+
+    health/reward_correct_auc      reward ranks correct above incorrect (NaN: no mixed group)
+    health/reward_incorrect_mean   mean reward of verified-incorrect samples (NaN: none)
+    health/reward_correct_mean     mean reward of verified-correct samples (NaN: none)
+    health/repetition              mean bigram repetition of responses
+    health/distinct_frac           distinct responses / responses, averaged over groups
+    health/empty_frac              responses with no token before the stop token
+    health/all_wrong_groups        groups where no sample is verified correct
+    health/group_mixed_frac        groups whose samples saw different prompts (grouping bug)
+    health/rollout_version_min     oldest policy version that sampled this step's tokens
+    health/prompt_len_mean         prompt tokens per problem
+    health/task_repeat_frac        tasks of this step that were also in the previous step
+    """
+    trajs = [t for g in groups for t in g.trajectories]
+    out: dict[str, float] = {}
+    auc, _ = _reward_correct_auc(groups)
+    out["health/reward_correct_auc"] = auc
+    for key, verdict in (("health/reward_incorrect_mean", False), ("health/reward_correct_mean", True)):
+        xs = [t.reward.total for t in trajs if t.reward.outcome == Outcome.OK and t.reward.correct is verdict]
+        out[key] = sum(xs) / len(xs) if xs else float("nan")
+    out["health/repetition"] = sum(_repetition(t.response_ids) for t in trajs) / max(len(trajs), 1)
+    distinct, mixed, all_wrong, plens = [], 0, 0, []
+    for g in groups:
+        if not g.trajectories:
+            continue
+        distinct.append(len({t.response_ids for t in g.trajectories}) / len(g.trajectories))
+        ctx = g.trajectories[0].turns[0].context_ids if g.trajectories[0].turns else ()
+        mixed += any((t.turns[0].context_ids if t.turns else ()) != ctx for t in g.trajectories)
+        verdicts = [t.reward.correct for t in g.trajectories if t.reward.correct is not None]
+        all_wrong += bool(verdicts) and not any(verdicts)
+        plens.append(len(ctx))
+    n_groups = max(len(distinct), 1)
+    out["health/distinct_frac"] = sum(distinct) / n_groups
+    out["health/group_mixed_frac"] = mixed / n_groups
+    out["health/all_wrong_groups"] = all_wrong / n_groups
+    out["health/prompt_len_mean"] = sum(plens) / n_groups
+    out["health/empty_frac"] = sum(t.num_action_tokens <= 1 and not t.stop.truncated for t in trajs) / max(len(trajs), 1)
+    versions = [turn.policy_version for t in trajs for turn in t.turns]
+    out["health/rollout_version_min"] = float(min(versions)) if versions else float("nan")
+    prev = set(prev_task_ids)
+    ids = [g.task_id for g in groups]
+    out["health/task_repeat_frac"] = sum(i in prev for i in ids) / max(len(ids), 1) if prev else float("nan")
+    return out
+
+
+def compute_advantage_alignment(adv_BT: torch.Tensor, scores_B: torch.Tensor, mask_BT: torch.Tensor, group_B: torch.Tensor) -> dict[str, float]:
+    """`advantage/score_corr`: Pearson correlation, over sequences, between the mean advantage of
+    a sequence and its score minus its group's mean score.
+
+    A correct estimator gives a clearly positive value (1 for GRPO/RLOO outcome rewards); a sign
+    or grouping bug gives ~0 or negative. NaN when no group has reward variance.
+    """
+    with torch.no_grad():
+        m = mask_BT.float()
+        n = m.sum(-1)
+        keep = n > 0
+        if not bool(keep.any()):
+            return {"advantage/score_corr": float("nan")}
+        a = (adv_BT.float() * m).sum(-1)[keep] / n[keep]
+        s, g = scores_B.float()[keep], group_B[keep]
+        G = int(g.max()) + 1
+        sums = torch.zeros(G).index_add_(0, g, s)
+        cnt = torch.zeros(G).index_add_(0, g, torch.ones_like(s))
+        c = s - (sums / cnt.clamp(min=1))[g]
+        a, c = a - a.mean(), c - c.mean()
+        den = float(a.norm() * c.norm())
+        return {"advantage/score_corr": float((a * c).sum()) / den if den > 1e-12 else float("nan")}
+
+
+# ----------------------------------------------------------------------------- history
+
+
+def finite(x: Any) -> float | None:
+    """x as a float when it is a finite number, else None (None, NaN, inf, strings)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else 0.5 * (s[k - 1] + s[k])
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Robust location/scale of one signal over the baseline window.
+
+    `scale` is 1.4826 x MAD (the std for Gaussian data), floored at `rel_floor x |median|` and
+    `abs_floor` so that a flat baseline (MAD 0) does not make every wiggle infinitely surprising.
+    """
+
+    median: float
+    scale: float
+    mean: float
+    std: float
+    lo: float
+    hi: float
+    n: int
+
+    def z(self, x: float) -> float:
+        return (x - self.median) / self.scale
+
+
+def compute_baseline(xs: Sequence[float], rel_floor: float = 0.05, abs_floor: float = 1e-6) -> Baseline | None:
+    if not xs:
+        return None
+    med = _median(xs)
+    mad = _median([abs(x - med) for x in xs])
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / max(len(xs) - 1, 1))
+    scale = max(1.4826 * mad, rel_floor * abs(med), abs_floor)
+    return Baseline(med, scale, mean, std, min(xs), max(xs), len(xs))
+
+
+class History:
+    """The rows a run has produced, by step, plus each signal's baseline window.
+
+    The baseline window is the first `window` rows after `skip` warm-up rows (rows the monitor
+    marked unhealthy never enter it). It is frozen once full, and re-anchored every `rebase_every`
+    steps to the most recent `window` healthy rows at least `lag` steps old, so that slow healthy
+    drift (entropy falling while accuracy rises) does not become an alarm over long runs, while an
+    abrupt fault is compared with what came before it.
+    """
+
+    def __init__(self, skip: int = 1, window: int = 8, rebase_every: int = 50, lag: int = 20) -> None:
+        self.skip, self.window, self.rebase_every, self.lag = skip, window, rebase_every, lag
+        self.rows: list[dict[str, Any]] = []
+        self.excluded: set[int] = set()  # steps marked unhealthy or rolled back
+        self._base_steps: list[int] = []
+        self._cache: dict[str, Baseline | None] = {}
+        self._last_rebase = 0
+
+    def add(self, step: int, row: Mapping[str, Any]) -> None:
+        self.rows.append({"step": step, **row})
+        if len(self._base_steps) < self.window and len(self.rows) > self.skip and step not in self.excluded:
+            self._base_steps.append(step)
+            self._cache.clear()
+        elif self.rebase_every and step - self._last_rebase >= self.rebase_every and self.ready:
+            self._rebase(step)
+
+    def _rebase(self, step: int) -> None:
+        old = [r["step"] for r in self.rows if r["step"] <= step - self.lag and r["step"] not in self.excluded]
+        if len(old) >= self.window:
+            self._base_steps = old[-self.window:]
+            self._cache.clear()
+        self._last_rebase = step
+
+    def exclude(self, steps: Iterable[int]) -> None:
+        self.excluded.update(steps)
+        before = len(self._base_steps)
+        self._base_steps = [s for s in self._base_steps if s not in self.excluded]
+        if len(self._base_steps) != before:
+            self._cache.clear()
+
+    @property
+    def ready(self) -> bool:
+        """True once the baseline window is full."""
+        return len(self._base_steps) >= self.window
+
+    @property
+    def last_step(self) -> int:
+        return int(self.rows[-1]["step"]) if self.rows else 0
+
+    @property
+    def baseline_steps(self) -> list[int]:
+        return list(self._base_steps)
+
+    def baseline(self, key: str, rel_floor: float = 0.05, abs_floor: float = 1e-6) -> Baseline | None:
+        ck = f"{key}|{rel_floor}|{abs_floor}"
+        if ck not in self._cache:
+            steps = set(self._base_steps)
+            xs = [v for r in self.rows if r["step"] in steps and (v := finite(r.get(key))) is not None]
+            self._cache[ck] = compute_baseline(xs, rel_floor, abs_floor) if len(xs) >= max(3, self.window // 2) else None
+        return self._cache[ck]
+
+    def values(self, key: str, k: int) -> list[float]:
+        """The last `k` finite values of `key` among rows not excluded (oldest first)."""
+        out: list[float] = []
+        for r in reversed(self.rows):
+            if len(out) >= k:
+                break
+            if r["step"] in self.excluded:
+                continue
+            v = finite(r.get(key))
+            if v is not None:
+                out.append(v)
+        return out[::-1]
+
+    def latest(self, key: str) -> Any:
+        return self.rows[-1].get(key) if self.rows else None
+
+    def previous(self, key: str) -> float | None:
+        """The finite value of `key` in the row before the latest (None when absent)."""
+        return finite(self.rows[-2].get(key)) if len(self.rows) >= 2 else None

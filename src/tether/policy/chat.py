@@ -1,0 +1,167 @@
+"""Chat templating and token-in/token-out context assembly (pitfalls.md items 1, 2, 11).
+
+Token ids are the only truth (DESIGN.md rule 5). A multi-turn context is assembled from
+*segments*: the ids an assistant sampled are spliced in verbatim, and only the text the chat
+template puts *between* them (system/user/tool messages, role headers, the generation prompt)
+is tokenised. A sampled id sequence therefore never goes through decode -> encode, so a string
+that does not re-tokenise to its own ids (rllm PR#272: `' Pantom'` from [53122, 316] or
+[393, 30002]) reaches the trainer unchanged.
+
+How the segments are found: the conversation is rendered once with a unique sentinel string in
+place of each assistant content; the rendered text is split at the sentinels. Each piece is
+tokenised on its own (cached by text, so an unchanged piece has unchanged ids on every turn).
+When a sampled action ends with a stop token whose text starts the following piece (ChatML's
+`<|im_end|>`), that text is dropped from the piece: it is already in the sampled ids.
+
+Prefix checks: with an append-only context, turn t+1's ids must extend turn t's context plus
+its action. That holds when the template is prefix-preserving (rendering more messages never
+changes the text of the earlier ones). `is_prefix_preserving` probes a tokenizer's template once
+at start-up; the rollout counts per-turn violations as `tokenization_drift_count`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+SENTINEL = "\u27e6tether-action-{}\u27e7"  # ⟦tether-action-k⟧: never produced by a template
+_SENTINEL_RE = re.compile("\u27e6tether-action-(\\d+)\u27e7")
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be used for token-in/token-out assembly; the message says why."""
+
+
+class TokenizationDrift(RuntimeError):
+    """A new context does not extend the previous context + action (rollout.on_drift=fail)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message. `action_ids` are the ids an assistant sampled: when set, they are
+    spliced into contexts verbatim and `content` (their decoded text) is for display only."""
+
+    role: str
+    content: str
+    action_ids: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of context ids; `is_action` marks sampled (or demonstrated) assistant ids."""
+
+    ids: tuple[int, ...]
+    is_action: bool
+
+
+def render_chat(tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                add_generation_prompt: bool = True) -> str:
+    """The chat template's text for `messages` (dicts with role/content), tools rendered by
+    the template's own `tools` block (transformers `apply_chat_template(tools=...)`)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TemplateError(f"{type(tokenizer).__name__} has no chat_template; multi-turn environments need one")
+    return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                         add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+def encode_text(tokenizer, text: str) -> tuple[int, ...]:
+    """Ids of a template piece. Special-token strings (`<|im_start|>`) map to their ids."""
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
+
+
+def compute_segments(
+    tokenizer,
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None,
+    stop_ids: Sequence[int],
+    cache: dict[str, tuple[int, ...]] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[Segment]:
+    """Context segments of a conversation: template pieces (tokenised) and actions (verbatim).
+
+    Assistant messages with `action_ids` become action segments; every other message is
+    rendered as text. `cache` maps piece text -> ids (pass one dict per episode or rollout).
+    """
+    cache = {} if cache is None else cache
+    actions: list[tuple[int, ...]] = []
+    dicts = []
+    for m in messages:
+        if m.role == "assistant" and m.action_ids is not None:
+            dicts.append({"role": "assistant", "content": SENTINEL.format(len(actions))})
+            actions.append(tuple(m.action_ids))
+        else:
+            dicts.append(m.to_dict())
+    text = render_chat(tokenizer, dicts, tools, add_generation_prompt)
+    pieces = _SENTINEL_RE.split(text)  # [piece, k, piece, k, piece, ...]
+    found = [int(k) for k in pieces[1::2]]
+    if found != list(range(len(actions))):
+        raise TemplateError(
+            f"the chat template rendered assistant contents {found}, expected {list(range(len(actions)))} in order: "
+            "it must render each assistant message's content verbatim for token-in/token-out assembly"
+        )
+    stop_texts = {s: tokenizer.decode([s], skip_special_tokens=False) for s in stop_ids}
+    segments: list[Segment] = []
+    for i, piece in enumerate(pieces[0::2]):
+        if i > 0:
+            action = actions[i - 1]
+            segments.append(Segment(action, True))
+            if action and action[-1] in stop_texts and piece.startswith(stop_texts[action[-1]]):
+                piece = piece[len(stop_texts[action[-1]]):]  # the sampled stop token closed the turn
+        if piece not in cache:
+            cache[piece] = encode_text(tokenizer, piece)
+        if cache[piece]:
+            segments.append(Segment(cache[piece], False))
+    return segments
+
+
+def compute_context_ids(tokenizer, messages: Sequence[Message], tools, stop_ids: Sequence[int],
+                        cache: dict[str, tuple[int, ...]] | None = None) -> tuple[int, ...]:
+    """The ids the model sees for `messages` plus the generation prompt (see module docstring)."""
+    return tuple(t for s in compute_segments(tokenizer, messages, tools, stop_ids, cache) for t in s.ids)
+
+
+def compute_end_of_turn_id(tokenizer, stop_ids: Sequence[int]) -> int:
+    """The stop id that the template writes right after an assistant's content (ChatML:
+    `<|im_end|>`): what a demonstration must end with so that SFT teaches the model to stop."""
+    probe = render_chat(tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": SENTINEL.format(0)}],
+                        add_generation_prompt=False)
+    after = probe.split(SENTINEL.format(0), 1)[-1]
+    for s in stop_ids:
+        text = tokenizer.decode([s], skip_special_tokens=False)
+        if text and after.startswith(text):
+            return int(s)
+    return int(stop_ids[0])
+
+
+def is_prefix_preserving(tokenizer, tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[bool, str]:
+    """Whether rendering a longer conversation keeps the text of every shorter one as a prefix.
+
+    Probes system / user / assistant / tool / assistant / user turns: for each assistant turn k,
+    render(messages[:k], generation prompt) + content_k must be a prefix of the render of the
+    whole conversation. A template that rewrites history (e.g. strips earlier reasoning,
+    trl#6361) fails, and append-only contexts would then drift. Returns (ok, reason).
+    """
+    msgs = [
+        {"role": "system", "content": "You are a helpful agent."},
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": "Let me compute."},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "The answer is 5."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    try:
+        full = render_chat(tokenizer, msgs, tools, add_generation_prompt=True)
+        for k, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            head = render_chat(tokenizer, msgs[:k], tools, add_generation_prompt=True) + m["content"]
+            if not full.startswith(head):
+                at = next((i for i, (a, b) in enumerate(zip(full, head)) if a != b), min(len(full), len(head)))
+                return False, f"rendering message {k} ({m['role']}) changes earlier text at char {at}: {full[at:at + 40]!r}"
+    except Exception as err:  # a template that cannot render the probe is not usable either
+        return False, f"{type(err).__name__}: {err}"
+    return True, "ok"

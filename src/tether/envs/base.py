@@ -122,7 +122,8 @@ def make_env(task: Mapping[str, Any]) -> Env:
     return get_spec(task).make_env(task)
 
 
-def run_expert_episode(task: Mapping[str, Any], max_turns: int = 16) -> tuple[list[Message], list[dict], StepResult | None]:
+def run_expert_episode(task: Mapping[str, Any], max_turns: int = 16,
+                       ) -> tuple[list[Message], list[dict], StepResult | None]:
     """Play one episode with the task's scripted expert. Returns the conversation (initial
     observation, expert actions as text, observations), the tool schemas and the last step."""
     spec = get_spec(task)

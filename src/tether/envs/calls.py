@@ -57,7 +57,7 @@ def run_calls(fns: Sequence[Callable[[], Any]], timeout_s: float | None) -> list
     while pending or running:
         while pending and len(running) < MAX_THREADS:
             j = pending.pop()
-            threading.Thread(target=lambda j=j: done.put((j, _call(fns[j]))), daemon=True, name="tether-env-call").start()
+            threading.Thread(target=lambda j=j: done.put((j, _call(fns[j]))), daemon=True, name="tether-env").start()
             running[j] = time.monotonic() + timeout_s
         try:
             j, res = done.get(timeout=max(0.0, min(running.values()) - time.monotonic()))
@@ -68,7 +68,8 @@ def run_calls(fns: Sequence[Callable[[], Any]], timeout_s: float | None) -> list
             pass
         now = time.monotonic()
         for j in [j for j, deadline in running.items() if now >= deadline]:
-            results[j] = CallOutcome(Outcome.TIMEOUT, error=f"no result within {timeout_s:g}s; call abandoned", seconds=timeout_s)
+            results[j] = CallOutcome(Outcome.TIMEOUT, error=f"no result within {timeout_s:g}s; call abandoned",
+                                     seconds=timeout_s)
             del running[j]
     return [r for r in results if r is not None]
 

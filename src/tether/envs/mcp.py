@@ -77,7 +77,7 @@ class MCPToolServer:
     def _as_tool(self, t: Any) -> Tool:
         schema = {"type": "function", "function": {
             "name": t.name, "description": t.description or "",
-            "parameters": dict(getattr(t, "input_schema", None) or getattr(t, "inputSchema", None) or {"type": "object"}),
+            "parameters": dict(getattr(t, "input_schema", None) or {"type": "object"}),
         }}
         return Tool(t.name, lambda _name=t.name, **arguments: self.call(_name, arguments), schema)
 

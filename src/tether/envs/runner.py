@@ -39,7 +39,14 @@ from tether.envs.base import Action, Observation, StepResult, Transition, make_e
 from tether.envs.calls import CallOutcome, run_call, run_calls
 from tether.envs.context import SUMMARY_REQUEST, compute_dropped_messages, load_summarizer, select_context_messages
 from tether.envs.tools import parse_tool_calls
-from tether.policy.chat import Message, TokenizationDrift, compute_context_ids, compute_segments, encode_text, is_prefix_preserving
+from tether.policy.chat import (
+    Message,
+    TokenizationDrift,
+    compute_context_ids,
+    compute_segments,
+    encode_text,
+    is_prefix_preserving,
+)
 from tether.policy.hf import HFPolicy, run_generate
 from tether.rollout import decode_completion
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup, Turn
@@ -122,12 +129,13 @@ def _start(task: Mapping[str, Any]) -> tuple[Any, Observation]:
     return env, obs
 
 
-def _start_episodes(problems: Sequence[Mapping[str, Any]], n: int, cfg: EnvConfig) -> list[_Episode]:
+def _start_episodes(problems: Sequence[Mapping[str, Any]], n: int, cfg: EnvConfig, counts: Counter) -> list[_Episode]:
     episodes = [_Episode(task=p) for p in problems for _ in range(n)]
     for e, o in zip(episodes, run_calls([lambda e=e: _start(e.task) for e in episodes], cfg.step_timeout_s)):
         if o.outcome is not Outcome.OK:
             e.stop = StopReason.ENV_ERROR if o.outcome is Outcome.ERROR else StopReason.TIMEOUT
             e.error = f"reset: {o.error}"
+            counts["env_errors" if o.outcome is Outcome.ERROR else "step_timeouts"] += 1
             continue
         e.env, e.obs = o.value
         e.head = list(e.obs.messages)
@@ -171,8 +179,8 @@ def _record(policy: HFPolicy, e: _Episode, ctx: tuple[int, ...], s: Sample, a: A
     e.parse_streak = e.parse_streak + 1 if a.parsed.errors else 0
     res = o.value
     if o.outcome is Outcome.OK and not (isinstance(res, StepResult) and _finite(res.reward)):
-        o = CallOutcome(Outcome.ERROR, error=f"step() returned {type(res).__name__} {getattr(res, 'reward', '')!r:.40}, "
-                                             "expected a StepResult with a finite reward")
+        got = f"{type(res).__name__} {getattr(res, 'reward', '')!r:.40}"
+        o = CallOutcome(Outcome.ERROR, error=f"step() returned {got}, expected a StepResult with a finite reward")
     if o.outcome is not Outcome.OK:
         e.stop = StopReason.ENV_ERROR if o.outcome is Outcome.ERROR else StopReason.TIMEOUT
         e.error = f"step {len(e.steps) - 1}: {o.error}"
@@ -208,7 +216,8 @@ def _run_summaries(policy: HFPolicy, live: list[_Episode], cfg: EnvConfig, sampl
         prompts = [compute_context_ids(policy.tokenizer, [*e.head, *d, Message("user", SUMMARY_REQUEST)], e.schemas,
                                        policy.stop_ids, cache) for e, d in zip(stale, dropped)]
         sp = sampling.model_copy(update={"max_new_tokens": c.summary_max_tokens})
-        texts = [decode_completion(policy.tokenizer, s, policy.stop_ids) for s in generate(policy, prompts, sp, generator)]
+        samples = generate(policy, prompts, sp, generator)
+        texts = [decode_completion(policy.tokenizer, s, policy.stop_ids) for s in samples]
     else:
         outs = [run_call(lambda d=d: str(fn(d)), cfg.step_timeout_s) for d in dropped]
         counts["summary_errors"] += sum(o.outcome is not Outcome.OK for o in outs)
@@ -237,7 +246,7 @@ def run_env_rollouts(
     """
     t0 = time.perf_counter()
     counts: Counter = Counter()
-    episodes = _start_episodes(problems, n, cfg)
+    episodes = _start_episodes(problems, n, cfg, counts)
     _check_template(policy, episodes, counts)
     max_ctx = cfg.max_context_tokens or (policy.max_positions - sampling.max_new_tokens)
     cache: dict[str, tuple[int, ...]] = {}
@@ -294,7 +303,8 @@ def _close(episodes: list[_Episode]) -> None:
     run_calls(closers, 5.0)  # a failing or hanging close is dropped: the episode is already recorded
 
 
-def _build_group(policy: HFPolicy, task: Mapping[str, Any], eps: list[_Episode], cfg: EnvConfig, g: int) -> TrajectoryGroup:
+def _build_group(policy: HFPolicy, task: Mapping[str, Any], eps: list[_Episode], cfg: EnvConfig,
+                 g: int) -> TrajectoryGroup:
     task_id = str(task.get("id", g))
     trajs = []
     for e in eps:
@@ -305,7 +315,8 @@ def _build_group(policy: HFPolicy, task: Mapping[str, Any], eps: list[_Episode],
         turns = tuple(
             Turn(context_ids=s.context_ids, action_ids=s.sample.token_ids, action_logprobs=s.sample.logprobs,
                  observation_ids=after[k] if k < len(after) else (), reward=r, finish=s.sample.finish,
-                 policy_version=s.sample.policy_version, info={**s.info, "anchor": s.anchor, "env_reward": s.env_reward})
+                 policy_version=s.sample.policy_version,
+                 info={**s.info, "anchor": s.anchor, "env_reward": s.env_reward})
             for k, (s, r) in enumerate(zip(e.steps, turn_rewards))
         )
         failed = e.stop is StopReason.ENV_ERROR
@@ -329,7 +340,8 @@ def _observation_ids(segments) -> list[tuple[int, ...]]:
     return out
 
 
-def compute_env_metrics(episodes: list[_Episode], counts: Counter, t_gen: float, t_env: float, t_total: float) -> dict[str, float]:
+def compute_env_metrics(episodes: list[_Episode], counts: Counter, t_gen: float, t_env: float,
+                        t_total: float) -> dict[str, float]:
     """Per-step environment metrics: stop-reason fractions, turns, tool and parse counters,
     token-bookkeeping counters, success rate, timings."""
     n = max(len(episodes), 1)
@@ -367,5 +379,6 @@ def _check_failure_rate(episodes: list[_Episode], cfg: EnvConfig) -> None:
         envs = sorted({str(e.task.get("env")) for e in failed})
         raise EnvFailure(
             f"systematic environment failure: {len(failed)}/{len(episodes)} episodes ended in env_error "
-            f"(> env.max_error_rate={cfg.max_error_rate:g}); environment(s) {', '.join(envs)}; first error: {failed[0].error}"
+            f"(> env.max_error_rate={cfg.max_error_rate:g}); environment(s) {', '.join(envs)}; "
+            f"first error: {failed[0].error}"
         )

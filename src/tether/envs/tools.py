@@ -135,7 +135,8 @@ def run_tool_calls(tools: Mapping[str, Tool], calls: Sequence[ToolCall], timeout
     runnable: dict[float | None, list[int]] = {}
     for i, c in enumerate(calls):
         if c.name not in tools:
-            results[i] = ToolResult(c.name, Outcome.ERROR, f"unknown tool {c.name!r}; available: {', '.join(sorted(tools)) or 'none'}")
+            known = ", ".join(sorted(tools)) or "none"
+            results[i] = ToolResult(c.name, Outcome.ERROR, f"unknown tool {c.name!r}; available: {known}")
         else:
             runnable.setdefault(tools[c.name].timeout_s or timeout_s, []).append(i)
     for limit, idx in runnable.items():
@@ -157,7 +158,8 @@ def _format_value(value: Any) -> str:
 
 def compute_tool_messages(results: Sequence[ToolResult], parse_errors: Sequence[str] = ()) -> list[Message]:
     """One `tool` message per result (errors prefixed `error:`) and per parse error."""
-    out = [Message("tool", r.content if r.outcome is Outcome.OK else f"error: {r.outcome.value}: {r.content}") for r in results]
+    out = [Message("tool", r.content if r.outcome is Outcome.OK else f"error: {r.outcome.value}: {r.content}")
+           for r in results]
     out += [Message("tool", f"error: {e}") for e in parse_errors]
     return out
 

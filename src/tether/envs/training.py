@@ -25,7 +25,8 @@ from tether.policy.chat import Message, compute_end_of_turn_id, compute_segments
 from tether.policy.hf import HFPolicy
 
 
-def build_env_demo_records(policy: HFPolicy, problems: Sequence[Mapping[str, Any]], max_turns: int = 16) -> list[SeqRecord]:
+def build_env_demo_records(policy: HFPolicy, problems: Sequence[Mapping[str, Any]],
+                           max_turns: int = 16) -> list[SeqRecord]:
     """One SFT sequence per problem: the expert's conversation, loss on assistant tokens only."""
     tok = policy.tokenizer
     eot = compute_end_of_turn_id(tok, policy.stop_ids)
@@ -73,12 +74,14 @@ def run_env_eval(
     metrics["eval/reward_mean"] = sum(rewards) / max(len(rewards), 1)
     metrics["eval/turns_mean"] = m["env/turns_mean"]
     rows = [{"task_id": g.task_id, "prompt": g.task.get("prompt"), "answer": g.task.get("answer"),
-             "completion": t.info.get("text"), "reward": t.reward.total, "correct": t.reward.correct, "stop": t.stop.value}
+             "completion": t.info.get("text"), "reward": t.reward.total, "correct": t.reward.correct,
+             "stop": t.stop.value}
             for g in groups for t in g.trajectories]
     if greedy:
         sampling = SamplingConfig(max_new_tokens=eval_cfg.sampling.max_new_tokens)
         ggroups, _ = run_env_rollouts(policy, probs, 1, sampling, env_cfg, None, batch_size, greedy=True)
-        metrics["eval/greedy_accuracy"] = sum(bool(g.trajectories[0].reward.correct) for g in ggroups) / max(len(ggroups), 1)
+        solved = sum(bool(g.trajectories[0].reward.correct) for g in ggroups)
+        metrics["eval/greedy_accuracy"] = solved / max(len(ggroups), 1)
     metrics["time/eval"] = time.perf_counter() - t0
     if was_training:
         policy.model.train()

@@ -127,8 +127,8 @@ def compute_context_ids(tokenizer, messages: Sequence[Message], tools, stop_ids:
 def compute_end_of_turn_id(tokenizer, stop_ids: Sequence[int]) -> int:
     """The stop id that the template writes right after an assistant's content (ChatML:
     `<|im_end|>`): what a demonstration must end with so that SFT teaches the model to stop."""
-    probe = render_chat(tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": SENTINEL.format(0)}],
-                        add_generation_prompt=False)
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": SENTINEL.format(0)}]
+    probe = render_chat(tokenizer, msgs, add_generation_prompt=False)
     after = probe.split(SENTINEL.format(0), 1)[-1]
     for s in stop_ids:
         text = tokenizer.decode([s], skip_special_tokens=False)
@@ -161,7 +161,8 @@ def is_prefix_preserving(tokenizer, tools: Sequence[Mapping[str, Any]] | None = 
             head = render_chat(tokenizer, msgs[:k], tools, add_generation_prompt=True) + m["content"]
             if not full.startswith(head):
                 at = next((i for i, (a, b) in enumerate(zip(full, head)) if a != b), min(len(full), len(head)))
-                return False, f"rendering message {k} ({m['role']}) changes earlier text at char {at}: {full[at:at + 40]!r}"
+                where = f"char {at}: {full[at:at + 40]!r}"
+                return False, f"rendering message {k} ({m['role']}) changes earlier text at {where}"
     except Exception as err:  # a template that cannot render the probe is not usable either
         return False, f"{type(err).__name__}: {err}"
     return True, "ok"

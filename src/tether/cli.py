@@ -54,11 +54,14 @@ def default_run_dir(name: str) -> Path:
 
 def _known_errors():
     from tether.config import ConfigError
+    from tether.envs.runner import EnvFailure
+    from tether.policy.chat import TemplateError, TokenizationDrift
     from tether.rewards import RewardFailure
     from tether.tasks import DataError
     from tether.update import TrainingHalted
 
-    return (ConfigError, DataError, FileNotFoundError, RewardFailure, TrainingHalted)
+    return (ConfigError, DataError, FileNotFoundError, RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift,
+            TemplateError)
 
 
 @app.command()

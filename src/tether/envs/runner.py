@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 EPISODE_STOPS = (StopReason.DONE, StopReason.MAX_TURNS, StopReason.CONTEXT_OVERFLOW, StopReason.TIMEOUT,
                  StopReason.ENV_ERROR, StopReason.PARSE_ERROR)
 _WARNED_TEMPLATES: set[int] = set()
+_TOOL_COUNTERS = ("tool_calls", "tool_errors", "tool_timeouts")
 
 
 class EnvFailure(RuntimeError):
@@ -178,17 +179,16 @@ def _record(policy: HFPolicy, e: _Episode, ctx: tuple[int, ...], s: Sample, a: A
     counts["parse_errors"] += len(a.parsed.errors)
     e.parse_streak = e.parse_streak + 1 if a.parsed.errors else 0
     res = o.value
-    if o.outcome is Outcome.OK and not (isinstance(res, StepResult) and _finite(res.reward)):
-        got = f"{type(res).__name__} {getattr(res, 'reward', '')!r:.40}"
-        o = CallOutcome(Outcome.ERROR, error=f"step() returned {got}, expected a StepResult with a finite reward")
+    if o.outcome is Outcome.OK and (problem := compute_step_problem(res)):
+        o = CallOutcome(Outcome.ERROR, error=problem)
     if o.outcome is not Outcome.OK:
         e.stop = StopReason.ENV_ERROR if o.outcome is Outcome.ERROR else StopReason.TIMEOUT
         e.error = f"step {len(e.steps) - 1}: {o.error}"
         counts["env_errors" if o.outcome is Outcome.ERROR else "step_timeouts"] += 1
         return
     step.env_reward = float(res.reward)
-    for k in ("tool_calls", "tool_errors", "tool_timeouts"):
-        counts[k] += int(res.info.get(k, 0))
+    for k in _TOOL_COUNTERS:
+        counts[k] += res.info.get(k, 0)
     e.turns[-1].extend(res.observation.messages)
     e.transitions.append(Transition(e.obs, a, dict(res.info), float(res.reward), res.observation, bool(res.done)))
     e.obs = res.observation
@@ -199,8 +199,17 @@ def _record(policy: HFPolicy, e: _Episode, ctx: tuple[int, ...], s: Sample, a: A
         e.stop = StopReason.PARSE_ERROR
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(float(x))
+def compute_step_problem(res: Any) -> str:
+    """Why a step's return value is garbage ('' when it is a well-formed StepResult)."""
+    if not isinstance(res, StepResult):
+        return f"step() returned {type(res).__name__} {res!r:.60}, expected a StepResult"
+    if not isinstance(res.reward, (int, float)) or not math.isfinite(float(res.reward)):
+        return f"step() returned reward {res.reward!r:.40}, expected a finite number"
+    if not isinstance(res.observation, Observation) or not all(isinstance(m, Message) for m in res.observation.messages):
+        return f"step() returned observation {res.observation!r:.60}, expected an Observation of Messages"
+    if not isinstance(res.info, Mapping) or not all(isinstance(res.info.get(k, 0), int) for k in _TOOL_COUNTERS):
+        return f"step() returned info {res.info!r:.60}, expected a mapping with integer tool counters"
+    return ""
 
 
 def _run_summaries(policy: HFPolicy, live: list[_Episode], cfg: EnvConfig, sampling: SamplingConfig, cache: dict,

@@ -48,6 +48,15 @@ def slow_tool(x: str) -> str:
     return "late"
 
 
+GARBAGE = {  # what a buggy env.step might return
+    "dict": {"reward": 1.0},
+    "nan": StepResult(Observation(()), float("nan")),
+    "obs": StepResult(Observation(("plain text",))),  # type: ignore[arg-type]
+    "info": StepResult(Observation(()), info=None),  # type: ignore[arg-type]
+    "counter": StepResult(Observation(()), info={"tool_calls": "many"}),
+}
+
+
 class ToolEnv:
     """Calls tools while the action has tool calls; a plain reply ends the episode with reward 1
     when it says 'done'. `task["fail"]` selects a failure: reset | step | garbage | hang."""
@@ -66,7 +75,7 @@ class ToolEnv:
         if fail == "step":
             raise RuntimeError("step exploded")
         if fail == "garbage":
-            return {"reward": float("nan")}  # type: ignore[return-value]
+            return GARBAGE[self.task["kind"]]  # type: ignore[return-value]
         if fail == "hang":
             time.sleep(2.0)
         p = action.parsed

@@ -109,3 +109,62 @@ def test_task_and_env_level_normalisation():
                      group=[0, 0, 1, 1], task=[0, 0, 0, 0], scores=[1, 0, 3, 0])
     env = compute_advantages(inp_env, AdvantageConfig(name="dr_grpo", task_norm="env")).advantages_BT
     assert env[:, 1].tolist() == [0.0, -1.0, 2.0, -1.0]  # mean over the environment: 1
+
+
+def _reference_gigpo(episodes, gamma, omega, std_norm, eps):
+    """GiGPO by plain loops over episodes and steps: {(episode, turn): advantage}."""
+    from collections import defaultdict
+
+    def rel(values):  # (x - mean) / F over one group; singleton -> 0
+        if len(values) < 2:
+            return [0.0] * len(values)
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        return [(v - mean) / ((std + eps) if std_norm else 1.0) for v in values]
+
+    returns = [sum(e["rewards"]) for e in episodes]
+    groups, steps = defaultdict(list), defaultdict(list)
+    G = {}
+    for i, e in enumerate(episodes):
+        groups[e["group"]].append(i)
+        running = 0.0
+        for t in reversed(range(len(e["rewards"]))):
+            running = e["rewards"][t] + gamma * running
+            G[(i, t)] = running
+            steps[(e["group"], e["anchors"][t])].append((i, t))
+    A_E = {i: a for idx in groups.values() for i, a in zip(idx, rel([returns[i] for i in idx]))}
+    A_S = {k: a for keys in steps.values() for k, a in zip(keys, rel([G[k] for k in keys]))}
+    return {k: A_E[k[0]] + omega * A_S[k] for k in G}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gigpo_equals_a_plain_loop_on_random_batches(seed):
+    import random
+
+    rng = random.Random(seed)
+    episodes = [{"group": g, "rewards": [rng.choice([0.0, 0.5, 1.0]) for _ in range(T)],
+                 "anchors": [rng.choice("ab") if t else "start" for t in range(T)]}
+                for g in range(3) for T in [rng.randint(1, 4) for _ in range(rng.randint(1, 4))]]
+    rows = []  # (traj, [(turn or -1, reward)]) per sequence: turns merge or split at random
+    for i, e in enumerate(episodes):
+        seq = [(-1, 0.0)]
+        for t, r in enumerate(e["rewards"]):
+            if t and rng.random() < 0.5:
+                rows.append((i, seq))
+                seq = [(-1, 0.0)]
+            seq += [(-1, 0.0)] * (t > 0) + [(t, 0.0)] * rng.randint(0, 2) + [(t, r)]
+        rows.append((i, seq))
+    T = max(len(s) for _, s in rows)
+    pad = lambda s, v: s + [v] * (T - len(s))  # noqa: E731
+    steps = [pad([k for k, _ in s], -1) for _, s in rows]
+    anchor_ids = {}
+    anchors = [[-1 if k < 0 else anchor_ids.setdefault((episodes[i]["group"], episodes[i]["anchors"][k]), len(anchor_ids))
+                for k in st] for (i, _), st in zip(rows, steps)]
+    inp = inputs([[float(k >= 0) for k in st] for st in steps], steps, [pad([r for _, r in s], 0.0) for _, s in rows],
+                 [i for i, _ in rows], anchors, group=[episodes[i]["group"] for i, _ in rows])
+    cfg = AdvantageConfig(name="gigpo", step_gamma=0.9, step_weight=0.7, step_std_norm=bool(seed % 2), eps=1e-6)
+    adv = ADVANTAGES["gigpo"](inp, cfg).advantages_BT
+    want = _reference_gigpo(episodes, 0.9, 0.7, bool(seed % 2), 1e-6)
+    for b, ((i, _), st) in enumerate(zip(rows, steps)):
+        for t, k in enumerate(st):
+            assert adv[b, t].item() == pytest.approx(want[(i, k)] if k >= 0 else 0.0, abs=1e-5), (b, t)

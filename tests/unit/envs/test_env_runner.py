@@ -49,13 +49,22 @@ def test_raising_reset_and_step_are_contained_and_masked(env_policy, scripted):
     assert [r.valid for r in records] == [False, True]
 
 
-def test_garbage_step_result_and_hanging_step(env_policy, scripted):
+@pytest.mark.parametrize("kind,why", [("dict", "expected a StepResult"), ("nan", "expected a finite number"),
+                                      ("obs", "expected an Observation"), ("info", "expected a mapping"),
+                                      ("counter", "integer tool counters")])
+def test_garbage_step_results_are_env_errors(env_policy, scripted, kind, why):
     tok = env_policy.tokenizer
     gen = scripted(lambda c, r, p: encode_action(tok, "done"), env_policy.stop_ids)
-    groups, m = run(env_policy, gen, [tool_task(0, fail="garbage"), tool_task(1, fail="hang"), tool_task(2)],
-                    step_timeout_s=0.3, max_error_rate=1.0)
-    assert stops(groups) == ["env_error", "timeout", "done"]
-    assert "expected a StepResult" in groups[0].trajectories[0].info["error"]
+    groups, m = run(env_policy, gen, [tool_task(0, fail="garbage", kind=kind), tool_task(1)], max_error_rate=1.0)
+    assert stops(groups) == ["env_error", "done"] and m["env/env_errors"] == 1
+    assert why in groups[0].trajectories[0].info["error"]
+
+
+def test_hanging_step_times_out(env_policy, scripted):
+    tok = env_policy.tokenizer
+    gen = scripted(lambda c, r, p: encode_action(tok, "done"), env_policy.stop_ids)
+    groups, m = run(env_policy, gen, [tool_task(1, fail="hang"), tool_task(2)], step_timeout_s=0.3, max_error_rate=1.0)
+    assert stops(groups) == ["timeout", "done"]
     assert m["env/step_timeouts"] == 1 and m["time/env"] < 1.5
 
 

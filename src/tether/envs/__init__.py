@@ -18,13 +18,17 @@ from tether.envs.base import (
     run_expert_episode,
 )
 from tether.envs.tools import Tool, ToolCall, make_tool, parse_tool_calls, run_tool_calls
+from tether.envs.mcp import MCPToolServer
+from tether.envs.runner import EnvFailure, run_env_rollouts
 from tether.envs import builtin  # noqa: F401,E402  (registration)
 
 __all__ = [
     "ENVS",
     "Action",
     "Env",
+    "EnvFailure",
     "EnvSpec",
+    "MCPToolServer",
     "Observation",
     "StepResult",
     "Tool",
@@ -35,6 +39,7 @@ __all__ = [
     "make_tool",
     "parse_tool_calls",
     "register_env",
+    "run_env_rollouts",
     "run_expert_episode",
     "run_tool_calls",
 ]

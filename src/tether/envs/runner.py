@@ -8,8 +8,9 @@ single-turn step); environment steps then run concurrently, each with a wall clo
 
 Token in, token out (pitfalls.md 1, 2): a `Turn` stores the context ids the model saw (built
 by the context builder, `tether.envs.context`, with sampled ids spliced verbatim by
-`tether.policy.chat`), the sampled ids and their log-probs. For the append builder every new
-context must extend the previous context + action; a violation is counted
+`tether.policy.chat`), the sampled ids and their log-probs. Whenever the builder kept every
+earlier message (always for `append`), the new context must extend the previous context +
+action; a violation is counted
 (`rollout/tokenization_drift_count`) or raises `TokenizationDrift` (`rollout.on_drift=fail`).
 `rollout/retokenize_mismatch_count` counts the actions whose decode -> encode differs from the
 sampled ids: the turns a re-tokenising framework would have silently corrupted.
@@ -87,6 +88,7 @@ class _Episode:
     transitions: list[Transition] = field(default_factory=list)
     obs: Observation | None = None
     prev: tuple[int, ...] | None = None  # previous context + action (prefix check)
+    prev_messages: list[Message] = field(default_factory=list)  # the messages of the previous context
     summary: str | None = None
     summarized: int = 0  # turns covered by `summary`
     stop: StopReason | None = None
@@ -150,9 +152,12 @@ def _build_context(policy: HFPolicy, e: _Episode, cfg: EnvConfig, cache: dict, m
     """The next context ids (None: the episode stops on context overflow)."""
     messages = select_context_messages(cfg.context.builder, e.head, e.turns, cfg.context.window, e.summary)
     ctx = compute_context_ids(policy.tokenizer, messages, e.schemas, policy.stop_ids, cache)
+    # the builder kept every earlier message and appended the last action: the ids must extend too
+    appended = e.turns and messages[: len(e.prev_messages) + 1] == [*e.prev_messages, e.turns[-1][0]]
+    e.prev_messages = messages
     if e.prev is not None and ctx[: len(e.prev)] != e.prev:
-        counts["context_rebuilds"] += 1  # expected for sliding_window / summary: a new sequence
-        if cfg.context.builder == "append":
+        counts["context_rebuilds"] += 1  # expected when a window or summary rewrote the messages
+        if appended:
             counts["tokenization_drift"] += 1
             if on_drift == "fail":
                 at = next(i for i, (a, b) in enumerate(zip(ctx, e.prev + (None,))) if a != b)

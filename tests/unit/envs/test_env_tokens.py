@@ -143,3 +143,31 @@ def test_calc_contexts_fit_and_match_chat_template_rendering(env_policy):
     ids = compute_context_ids(tok, msgs, None, env_policy.stop_ids)
     assert list(ids) == list(tok.apply_chat_template([m.to_dict() for m in msgs], add_generation_prompt=True,
                                                      tokenize=True)["input_ids"])
+
+
+def test_end_of_turn_id_and_templates_that_hide_actions(env_tokenizer):
+    import copy
+
+    from tether.policy.chat import TemplateError, compute_end_of_turn_id
+
+    tok = env_tokenizer
+    eos, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    assert compute_end_of_turn_id(tok, [eos, im_end]) == im_end  # what the template writes after a turn
+    hiding = copy.deepcopy(tok)
+    hiding.chat_template = "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    with pytest.raises(TemplateError, match="verbatim"):
+        compute_segments(hiding, [Message("user", "q"), Message("assistant", "a", (5,))], None, [im_end])
+
+
+def test_drift_is_checked_for_every_builder_while_nothing_was_dropped(env_policy, scripted):
+    from tether.config import ContextConfig
+    from tether.policy.hf import HFPolicy
+
+    bad = HFPolicy(env_policy.model, _rewriting_tokenizer(env_policy.tokenizer), env_policy.stop_ids, env_policy.pad_id)
+    tok = bad.tokenizer
+    call = encode_action(tok, '<tool_call>{"name": "sentinel_tool", "arguments": {"word": "a"}}</tool_call>')
+    gen = scripted(lambda c, r, p: call if c < 2 else encode_action(tok, "done"), bad.stop_ids)
+    cfg = EnvConfig(max_turns=4, context=ContextConfig(builder="sliding_window", window=1))
+    _, m = run_env_rollouts(bad, [tool_task(0)], 1, SAMPLING, cfg, generate=gen)
+    # turn 1 kept everything (drift); turn 2 dropped turn 0 (a rebuild, not drift)
+    assert m["rollout/tokenization_drift_count"] == 1 and m["rollout/context_rebuilds_count"] == 2

@@ -193,6 +193,10 @@ class SFTConfig(_Base):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
     train_size: int | None = Field(None, gt=0, description="demonstrations to generate")
+    demo_noise: float = Field(
+        0.0, ge=0, lt=1,
+        description="probability that a built-in demonstration's answer is corrupted (a weak teacher)",
+    )
 
 
 class RewardComponentConfig(_Base):

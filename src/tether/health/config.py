@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Base(BaseModel):
@@ -30,7 +30,8 @@ class FaultSpecConfig(_Base):
 class HealthConfig(_Base):
     mode: Literal["off", "advise", "auto"] = Field(
         "advise", description="off | advise: detect + diagnose + report | auto: also roll back and repair")
-    baseline_skip: int = Field(1, ge=0, description="warm-up steps kept out of the baseline window")
+    baseline_skip: int = Field(4, ge=0, description="warm-up steps kept out of the baseline window (the first RL steps
+                               after SFT are a transient)")
     baseline_window: int = Field(8, ge=3, description="steps whose statistics the relative thresholds refer to")
     rebase_every: int = Field(50, ge=0, description="re-anchor the baseline to recent healthy steps every N (0: never)")
     disable: list[str] = Field(default_factory=list, description="detector names to switch off")
@@ -42,3 +43,8 @@ class HealthConfig(_Base):
     watchdog_timeout_s: float | None = Field(
         1800.0, gt=0, description="a phase (rollout, reward, update, eval, checkpoint) silent this long: dump stacks, exit 3")
     inject: list[FaultSpecConfig] = Field(default_factory=list, description="faults to inject (tether faultbench)")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false (`health.mode=off` on the CLI)

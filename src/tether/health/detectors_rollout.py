@@ -151,7 +151,7 @@ class DataDetector(Detector):
     after step, or far more problems became unsolvable than during the baseline."""
 
     name, mode = "data_shift", "data"
-    defaults = {"prompt_z": 8.0, "prompt_rel": 0.1, "repeat": 0.35, "all_wrong": 0.25}
+    defaults = {"prompt_z": 8.0, "prompt_rel": 0.1, "repeat": 0.35, "unsolvable": 0.35, "unsolvable_z": 3.0}
 
     def evaluate(self, h, ctx):
         base, x = h.baseline("health/prompt_len_mean"), _recent_mean(h, "health/prompt_len_mean", 2)
@@ -162,7 +162,9 @@ class DataDetector(Detector):
             return 1, f"{x:.0%} of tasks repeat the previous step's (baseline {base.median:.0%})", {
                 "health/task_repeat_frac": _ev(x, base), "rule": "repeat"}
         base, x = h.baseline("health/all_wrong_groups", abs_floor=0.02), _recent_mean(h, "health/all_wrong_groups", 3)
-        if base is not None and x is not None and x > base.median + max(self.p["all_wrong"], 6 * base.scale):
+        # a fraction of the groups that were solvable became unsolvable
+        if base is not None and x is not None and x > base.median + max(self.p["unsolvable"] * (1 - base.median),
+                                                                        self.p["unsolvable_z"] * base.scale):
             return 1, f"{x:.0%} of groups have no correct sample (baseline {base.median:.0%})", {
                 "health/all_wrong_groups": _ev(x, base), "rule": "unsolvable"}
         return OK
@@ -219,7 +221,7 @@ class StallDetector(Detector):
     names the phase whose time grew most. Hangs are the watchdog's (monitor.py)."""
 
     name, mode = "stall", "stall"
-    defaults = {"factor": 1.8, "z": 8.0}
+    defaults = {"factor": 3.0, "z": 10.0}  # generous: shared machines make step times jittery
 
     def evaluate(self, h, ctx):
         base, x = h.baseline("time/step"), _recent_mean(h, "time/step", 2)
@@ -243,7 +245,7 @@ class RegressionDetector(Detector):
     """Verified accuracy (or reward, without a verifier) falling well below the baseline."""
 
     name, mode = "regression", "regression"
-    defaults = {"drop": 0.12, "z": 3.0}
+    defaults = {"drop": 0.1, "z": 2.5}
     persist, window = 2, 3
 
     def evaluate(self, h, ctx):

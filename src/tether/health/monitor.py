@@ -65,7 +65,7 @@ class NullMonitor:
 
 
 class HealthMonitor:
-    def __init__(self, cfg: Any, rd: Any = None) -> None:
+    def __init__(self, cfg: Any, rd: Any = None, watchdog: bool = True) -> None:
         hc = cfg.health
         self.mode, self.hc, self.rd = hc.mode, hc, rd
         self.history = History(hc.baseline_skip, hc.baseline_window, hc.rebase_every)
@@ -82,7 +82,7 @@ class HealthMonitor:
         self._prev_tasks: list[str] = []
         self._unactionable: set[str] = set()
         self._tried = 0
-        self.watchdog = Watchdog(hc.watchdog_timeout_s, rd) if hc.watchdog_timeout_s else None
+        self.watchdog = Watchdog(hc.watchdog_timeout_s, rd) if hc.watchdog_timeout_s and watchdog else None
 
     # ------------------------------------------------------------------ observe
 
@@ -166,6 +166,13 @@ class HealthMonitor:
                              "message": "no safe automatic change for this cause; advising only"})
             return False
         since = min(f.since for f in self.findings if f.step > step - 10)
+        if top.actions[0] == "halt" and not any(f.detector == "regression" for f in self.findings if f.step > step - 10):
+            # a bug no setting repairs: halting is only worth it once it costs accuracy
+            if top.cause not in self._unactionable:
+                self._unactionable.add(top.cause)
+                self._write({"kind": "advice", "step": step, "cause": top.cause, "advice": top.advice,
+                             "message": "needs a code/data fix; auto mode halts if accuracy regresses"})
+            return False
         return self._start_trial(st, cfg, step, since, list(top.actions), top, critical)
 
     def _clean_since(self, step: int) -> bool:
@@ -179,8 +186,8 @@ class HealthMonitor:
         while candidates:
             name = candidates.pop(0)
             if name == "halt" or self._tried >= self.hc.max_actions:
-                return self._halt(step, hyp, "the diagnosed cause needs a fix no setting can make" if name == "halt"
-                                  else f"{self._tried} repairs tried")
+                return self._halt(st, step, hyp, snap, "the diagnosed cause needs a fix no setting can make"
+                                  if name == "halt" else f"{self._tried} repairs tried")
             if snap is not None:
                 do_rollback(st, snap)
             changes = ACTIONS[name].apply(st, cfg, evidence)
@@ -192,14 +199,15 @@ class HealthMonitor:
                           "candidates": candidates, "hyp": hyp, "pre": pre, "evidence": evidence}
             for d in self.detectors.values():
                 d.reset()
-            self.history.exclude(range(since, step + 1))
+            if snap is not None:
+                self.history.discard(range(since, step + 1))
             self._act("apply", step, name, hyp, changes, snap)
             return False
-        return self._halt(step, hyp, "no applicable repair left")
+        return self._halt(st, step, hyp, snap, "no applicable repair left")
 
     def _window_before(self, since: int) -> list[float]:
         key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
-        rows = [r for r in self.history.rows if r["step"] < since and r["step"] not in self.history.excluded]
+        rows = [r for r in self.history.rows if r["step"] < since and r["step"] not in self.history.discarded]
         return [v for r in rows[-self.hc.trial_window:] if (v := finite(r.get(key))) is not None]
 
     def _judge_trial(self, st, cfg, step: int) -> bool:
@@ -226,7 +234,8 @@ class HealthMonitor:
         why = f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else \
             f"{key} {now_mean:.3g} below pre-fault {pre_mean:.3g}"
         self._act("revert", step, t["action"], t["hyp"], t["changes"], t["snap"], reason=why)
-        self.history.exclude(range(t["start"], step + 1))
+        if t["snap"] is not None:
+            self.history.discard(range(t["start"], step + 1))
         return self._start_trial(st, cfg, step, t["since"], t["candidates"], t["hyp"], [])
 
     def _act(self, kind, step, name, hyp, changes, snap, **more) -> None:
@@ -238,9 +247,13 @@ class HealthMonitor:
         log.warning("step %d: %s %s (%s) for cause %s%s", step, kind, name, ACTIONS[name].title, hyp.cause,
                     f", rolled back to step {snap.step}" if snap is not None and kind != "keep" else "")
 
-    def _halt(self, step: int, hyp: Hypothesis, why: str) -> bool:
+    def _halt(self, st, step: int, hyp: Hypothesis, snap: Snapshot | None, why: str) -> bool:
+        """Stop the run with a report, leaving it at the last healthy weights (the final checkpoint)."""
+        if snap is not None:
+            do_rollback(st, snap)
         self.halted = f"step {step}: {hyp.title} ({hyp.family}); {why}"
         self._write({"kind": "halt", "step": step, "cause": hyp.cause, "family": hyp.family, "reason": why,
+                     "rollback_to": snap.step if snap is not None else None,
                      "advice": hyp.advice, "hypotheses": [h.to_json() for h in self.diagnosis[:3]]})
         log.error("halting: %s. %s", self.halted, hyp.advice)
         return True

@@ -86,16 +86,15 @@ def _set_cfg(cfg: Any, path: str, value: Any) -> Change:
 
 def _set_lr(st: Any, factor: float) -> Change:
     """Scale the policy's learning rate (param group 0 and the scheduler's base LR)."""
-    g = st.optimizer.param_groups[0]
-    old_lr = g["lr"]
+    old_lr = st.optimizer.param_groups[0]["lr"]
     sched = getattr(st, "scheduler", None)
     old_base = list(getattr(sched, "base_lrs", []) or [])
-    g["lr"] = old_lr * factor
+    st.optimizer.param_groups[0]["lr"] = old_lr * factor
     if sched is not None and old_base:
         sched.base_lrs[0] = old_base[0] * factor
 
-    def undo() -> None:
-        g["lr"] = old_lr
+    def undo() -> None:  # param_groups are new dicts after a rollback (load_state_dict): look them up
+        st.optimizer.param_groups[0]["lr"] = old_lr
         if sched is not None and old_base:
             sched.base_lrs[0] = old_base[0]
 
@@ -113,8 +112,14 @@ class Action:
     apply: Callable[[Any, Any, dict], list[Change]]  # (st, cfg, evidence) -> changes; [] = not applicable
 
 
-def _lower_lr(st, cfg, ev):
-    return [_set_lr(st, 0.3)]
+def _lower_lr(factor: float):
+    def apply(st, cfg, ev):
+        return [_set_lr(st, factor)]
+    return apply
+
+
+def _drop_entropy_bonus(st, cfg, ev):
+    return [_set_cfg(cfg, "algo.entropy_coef", 0.0)] if cfg.algo.entropy_coef > 0 else []
 
 
 def _raise_kl(st, cfg, ev):
@@ -198,7 +203,10 @@ def _halt(st, cfg, ev):
 
 _HARM = ("grad_spike", "kl_explosion", "nonfinite", "regression")
 ACTIONS: dict[str, Action] = {a.name: a for a in (
-    Action("lower_lr", "lower the learning rate 0.3x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr),
+    Action("lower_lr", "lower the learning rate 0.3x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3)),
+    Action("lower_lr_x10", "lower the learning rate 10x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"),
+           _lower_lr(0.1)),
+    Action("drop_entropy_bonus", "switch the entropy bonus off", _HARM + ("entropy_explosion",), _drop_entropy_bonus),
     Action("raise_kl", "add / raise a KL anchor to the last healthy weights", _HARM + ("entropy_explosion", "reward_hacking"), _raise_kl),
     Action("tighten_clip", "halve the clipping range", _HARM + ("clip_saturation",), _tighten_clip),
     Action("enable_is_correction", "sequence-level masked importance sampling (MIS)", _HARM, _enable_is),

@@ -182,7 +182,8 @@ class History:
     def __init__(self, skip: int = 1, window: int = 8, rebase_every: int = 50, lag: int = 20) -> None:
         self.skip, self.window, self.rebase_every, self.lag = skip, window, rebase_every, lag
         self.rows: list[dict[str, Any]] = []
-        self.excluded: set[int] = set()  # steps marked unhealthy or rolled back
+        self.excluded: set[int] = set()  # steps kept out of the baseline (unhealthy or rolled back)
+        self.discarded: set[int] = set()  # steps undone by a rollback: out of every window
         self._base_steps: list[int] = []
         self._cache: dict[str, Baseline | None] = {}
         self._last_rebase = 0
@@ -196,13 +197,21 @@ class History:
             self._rebase(step)
 
     def _rebase(self, step: int) -> None:
-        old = [r["step"] for r in self.rows if r["step"] <= step - self.lag and r["step"] not in self.excluded]
+        eligible = self.rows[self.skip:]  # never the warm-up rows
+        old = [r["step"] for r in eligible if r["step"] <= step - self.lag and r["step"] not in self.excluded]
         if len(old) >= self.window:
             self._base_steps = old[-self.window:]
             self._cache.clear()
         self._last_rebase = step
 
+    def discard(self, steps: Iterable[int]) -> None:
+        """Steps a rollback undid: they leave the baseline and the recent windows."""
+        steps = set(steps)
+        self.discarded.update(steps)
+        self.exclude(steps)
+
     def exclude(self, steps: Iterable[int]) -> None:
+        """Steps kept out of the baseline window (a detector fired on them)."""
         self.excluded.update(steps)
         before = len(self._base_steps)
         self._base_steps = [s for s in self._base_steps if s not in self.excluded]
@@ -231,12 +240,12 @@ class History:
         return self._cache[ck]
 
     def values(self, key: str, k: int) -> list[float]:
-        """The last `k` finite values of `key` among rows not excluded (oldest first)."""
+        """The last `k` finite values of `key` among rows not discarded (oldest first)."""
         out: list[float] = []
         for r in reversed(self.rows):
             if len(out) >= k:
                 break
-            if r["step"] in self.excluded:
+            if r["step"] in self.discarded:
                 continue
             v = finite(r.get(key))
             if v is not None:

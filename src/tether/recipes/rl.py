@@ -34,6 +34,7 @@ from tether.envs.runner import run_env_rollouts
 from tether.envs.training import run_env_eval
 from tether.eval.runner import run_eval
 from tether.groups import apply_reward_shaping, compute_compact_weights, select_informative_groups
+from tether.health import build_faults, build_health, compute_advantage_alignment
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
@@ -67,6 +68,7 @@ class RLState:
         self.kl_ctl = AdaptiveKLController(a.kl.coef, a.kl.adaptive_target, a.kl.adaptive_horizon) if a.kl.adaptive_target else None
         self.update = UpdateState(kl_coef=a.kl.coef)
         self.step = 0
+        self.faults = build_faults(cfg.health.inject, self, cfg, cfg.run.seed)  # faultbench seams; else identity
 
     def extra_state(self) -> dict[str, Any]:
         return {
@@ -99,12 +101,14 @@ def collect_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup
     rounds = 1 + (ds.max_gen_batches if ds.enable else 0)
     for i in range(rounds):
         problems = st.stream.next_batch(r.problems_per_step)
+        problems = st.faults.begin_rollout(problems)  # seams: data, sampler, weight sync (tether.health.faults)
         if is_env_task(cfg.data.task):  # multi-turn environment (tether.envs)
             groups, m = run_env_rollouts(st.policy, problems, r.n, r.sampling, cfg.env, st.generator, r.batch_size,
                                          on_drift=r.on_drift)
         else:
             groups, m = run_rollouts(st.policy, problems, r.n, r.sampling, cfg.reward, st.generator, r.batch_size,
                                      r.max_prompt_tokens, cfg.data.chat)
+        groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
         if i == 0:
             metrics.update(m)
             metrics.update(compute_rollout_stats(groups))
@@ -148,11 +152,13 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
         scores_B=p.scores_B, token_rewards_BT=token_rewards, mask_BT=p.loss_mask_BT, group_B=p.group_B,
         traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline, **compute_step_fields(groups, p)),
         a.advantage)
+    adv = st.faults.on_advantages(adv, p.group_B)  # seam: credit assignment
     batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
                        p.group_B, p.traj_B, adv.returns_BT, values)
     mask = p.loss_mask_BT > 0
     metrics["advantage/mean"] = float(adv.advantages_BT[mask].mean()) if mask.any() else 0.0
     metrics["advantage/abs_mean"] = float(adv.advantages_BT[mask].abs().mean()) if mask.any() else 0.0
+    metrics.update(compute_advantage_alignment(adv.advantages_BT, p.scores_B, p.loss_mask_BT, p.group_B))
     metrics["batch/sequences"], metrics["batch/loss_tokens"] = float(batch.num_seqs), float(batch.num_loss_tokens)
     metrics["reward/masked_invalid"] = float((~p.valid_B).sum())
     return batch, metrics
@@ -232,6 +238,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         st.load_extra_state(load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
         rd.truncate_metrics_after(st.step)
     sinks = build_sinks(rd, cfg.logging, cfg)
+    st.health = build_health(cfg, rd, st)  # detect, diagnose, repair (tether.health); health.mode=off: no-op
     if ckpt is None:
         first_eval = _evaluate(st, cfg, rd, held_out, st.step)
         for s in sinks:
@@ -247,6 +254,8 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
                 metrics.update(last_eval)
+            if st.health.observe(st, cfg, metrics, groups):  # adds health/* metrics; True: auto mode halted
+                stop.requested = True
             for s in sinks:
                 s.log(st.step, metrics)
             if cfg.logging.samples_per_step:
@@ -257,6 +266,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
     for s in sinks:
         s.close()
+    st.health.close()
     rows = rd.read_metrics()
     plot_metrics(rows, rd.plots_dir)
     summary = {
@@ -264,7 +274,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "baseline_accuracy": first_eval.get("eval/pass@1"), "final_accuracy": last_eval.get("eval/pass@1"),
         "baseline_greedy_accuracy": first_eval.get("eval/greedy_accuracy"),
         "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy"),
-        "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps,
+        "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
     }
     rd.write_summary(summary)
     return summary

@@ -10,6 +10,7 @@ Deliberate simplifications:
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,10 @@ def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[
     if getattr(tok, "eos_token_id", None) in policy.stop_ids:
         eos = tok.eos_token_id
     records = []
+    rng = random.Random(cfg.run.seed)
     for i, p in enumerate(problems):
-        demo = p.get("completion") or (demonstration(cfg.data.task, p) if cfg.data.task != "jsonl" else p["answer"])
+        demo = p.get("completion") or (
+            demonstration(cfg.data.task, p, cfg.sft.demo_noise, rng) if cfg.data.task != "jsonl" else p["answer"])
         prompt = encode_prompt(tok, p, cfg.data.chat)
         completion = list(tok.encode(demo, add_special_tokens=False)) + [eos]
         ids = prompt + completion

@@ -99,8 +99,15 @@ def make_splits(task: str, train_size: int, eval_size: int, seed: int, kwargs: d
     return train, held_out
 
 
-def demonstration(task: str, problem: dict[str, Any]) -> str:
-    return TASKS[task]().demonstration(problem)
+def demonstration(task: str, problem: dict[str, Any], noise: float = 0.0, rng: random.Random | None = None) -> str:
+    """The scripted expert's completion; with probability `noise` one character of it is
+    replaced (a weak teacher whose mistakes SFT imitates and RL on the verifier can undo)."""
+    demo = TASKS[task]().demonstration(problem)
+    if noise and rng is not None and demo and rng.random() < noise:
+        i = rng.randrange(len(demo))
+        pool = sorted(set(demo + ("0123456789" if demo[i].isdigit() else "")) - {demo[i]}) or ["x"]
+        demo = demo[:i] + rng.choice(pool) + demo[i + 1:]
+    return demo
 
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -1,11 +1,17 @@
 """Fault injection for `tether faultbench`: plugins that corrupt one seam of the RL loop.
 
 A fault is a class with a name, a family, the root cause it stands for (what a correct diagnosis
-names), two severities (`subtle`, `obvious`) and the seam(s) it acts on. The recipe calls the
+names), two severities (`subtle`, `obvious`) and the seam(s) it acts on. The recipe calls three
 seams through one object, `st.faults`, which is `NO_FAULTS` (every seam returns its input) unless
-`health.inject` names faults, so the no-fault path costs one method call per seam.
+`health.inject` names faults, so the no-fault path costs one method call per seam:
 
-Seams (the step being computed is passed as `step`, 1-based):
+    problems = st.faults.begin_rollout(problems)   # data, sampler, weight sync
+    groups = st.faults.end_rollout(groups)         # rewards, rollout log-probs, grouping
+    adv = st.faults.on_advantages(adv, group_B)    # credit assignment (AdvantageOutputs)
+
+`begin_rollout` may swap the engine the rollout runs on (`st.policy`, `cfg.rollout.sampling`);
+`end_rollout` swaps it back, so the trainer never sees the swap. A fault overrides the hooks of
+its seam (the step being computed is passed as `step`, 1-based):
 
     begin_step(st, cfg, step)              config faults (a bad LR, temperature, reward weight)
     on_problems(problems, step)            data: what the loader hands out
@@ -27,6 +33,7 @@ anywhere importable and name it as `package.module:ClassName` in `health.inject`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import pkgutil
@@ -107,17 +114,14 @@ class NoFaults:
     def __bool__(self) -> bool:
         return False
 
-    def on_problems(self, problems):
+    def begin_rollout(self, problems):
         return problems
 
-    def on_sampler(self, policy, sampling):
-        return policy, sampling
-
-    def on_rollouts(self, groups):
+    def end_rollout(self, groups):
         return groups
 
-    def on_advantages(self, adv_BT, group_B):
-        return adv_BT
+    def on_advantages(self, adv, group_B):
+        return adv
 
 
 NO_FAULTS = NoFaults()
@@ -130,6 +134,7 @@ class FaultSet:
         self.faults = tuple(faults)
         self.st, self.cfg = st, cfg
         self._begun = 0
+        self._swapped: tuple[Any, Any] | None = None
         for f in self.faults:
             f.install(st, cfg, self._step)
 
@@ -148,25 +153,31 @@ class FaultSet:
                     f.begin_step(self.st, self.cfg, step)
         return [f for f in self.faults if f.active(step)]
 
-    def on_problems(self, problems):
-        for f in self._live():
-            problems = f.on_problems(problems, self._step())
+    def begin_rollout(self, problems):
+        live, step = self._live(), self._step()
+        for f in live:
+            problems = f.on_problems(problems, step)
+        policy, sampling = self.st.policy, self.cfg.rollout.sampling
+        for f in live:
+            policy, sampling = f.on_sampler(policy, sampling, step)
+        if policy is not self.st.policy or sampling is not self.cfg.rollout.sampling:
+            self._swapped = (self.st.policy, self.cfg.rollout.sampling)
+            self.st.policy, self.cfg.rollout.sampling = policy, sampling
         return problems
 
-    def on_sampler(self, policy, sampling):
-        for f in self._live():
-            policy, sampling = f.on_sampler(policy, sampling, self._step())
-        return policy, sampling
-
-    def on_rollouts(self, groups):
+    def end_rollout(self, groups):
+        if self._swapped is not None:
+            self.st.policy, self.cfg.rollout.sampling = self._swapped
+            self._swapped = None
         for f in self._live():
             groups = f.on_rollouts(groups, self._step())
         return groups
 
-    def on_advantages(self, adv_BT, group_B):
+    def on_advantages(self, adv, group_B):
+        adv_BT = adv.advantages_BT
         for f in self._live():
             adv_BT = f.on_advantages(adv_BT, group_B, self._step())
-        return adv_BT
+        return adv if adv_BT is adv.advantages_BT else dataclasses.replace(adv, advantages_BT=adv_BT)
 
 
 _LOADED = False

@@ -1,0 +1,322 @@
+"""`tether faultbench`: inject every fault type at two severities into small, fast RL runs and
+measure detection, diagnosis and remediation; healthy control runs over several seeds measure
+false alarms and the harm of auto mode.
+
+The base run (`BASE`): a 2-layer, 128-wide Llama built locally, SFT warm start on one-digit
+arithmetic (+, -, *), then GRPO for `steps` steps with 32 problems x 8 samples per step. The SFT
+model is built once per benchmark and shared. Faults start at `start`; steps before it form the
+baseline window. Each (fault, severity, seed) runs twice: `advise` (detect + diagnose only) and
+`auto` (also repair); each healthy seed likewise.
+
+Outcome of a run: verified accuracy of the final policy on a fixed sample of training problems
+(with their true labels; 4 samples each) - what RL optimises - plus held-out pass@1. A run that
+auto mode halted is scored with the policy it stopped with.
+
+Scores (results.json):
+  recall_obvious / recall_subtle   advise runs with a finding at or after the fault's start step
+  false_alarm_rate                 healthy advise runs with any finding
+  steps_to_detect_median           first finding step - start step, over detected runs
+  diagnosis_top1 / _top3           the injected cause among the top 1 / 3 hypotheses at the first
+                                   critical finding (or the last diagnosis), over detected runs
+  diagnosis_family_top1            the same at the family level
+  remediation_success              remediable faults whose damage (healthy - advise outcome >=
+                                   delta) auto mode recovered by at least half
+  harm_rate                        auto runs (faulty and healthy) ending > delta below advise
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+BASE = [
+    "model.tiny.hidden_size=128", "model.tiny.num_layers=2", "model.tiny.num_heads=4", "model.tiny.intermediate_size=344",
+    "model.tiny.vocab_size=64", "model.tiny.max_position_embeddings=64",
+    "data.task=arith", "data.task_kwargs={digits: 1, ops: ['+', '-', '*']}", "data.train_size=150", "data.eval_size=60",
+    "rollout.n=8", "rollout.problems_per_step=32", "rollout.sampling.max_new_tokens=6",
+    "algo.mini_batches=2", "train.lr=1e-3", "train.max_bad_steps=8",
+    "sft.steps=150", "sft.lr=3e-3", "sft.batch_size=32",
+    "reward.isolation=inline", "eval.problems=60", "eval.samples=4", "checkpoint.every=0",
+    "logging.tensorboard=false", "logging.progress=false", "logging.samples_per_step=4", "run.threads=1",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    fault: str | None  # None: healthy control
+    severity: str | None
+    seed: int
+    mode: str  # advise | auto
+
+    @property
+    def id(self) -> str:
+        return f"{self.fault or 'healthy'}-{self.severity or 'none'}-s{self.seed}-{self.mode}"
+
+
+def prepare_base(cache: Path, extra: list[str] | None = None) -> Path:
+    """SFT warm start of the base model, cached by its config; returns the model directory."""
+    import torch
+
+    from tether.config import load_config
+    from tether.recipes.sft import run_sft
+
+    torch.set_num_threads(1)
+    key = hashlib.sha1(json.dumps(BASE + (extra or [])).encode()).hexdigest()[:10]
+    out = cache / f"base-{key}"
+    model = out / "final_model"
+    if not (model / "config.json").is_file():
+        cfg = load_config(None, BASE + (extra or []) + ["health.mode=off"])
+        run_sft(cfg, out)
+    return model
+
+
+def _case_overrides(case: Case, model: Path, steps: int, start: int, extra: list[str]) -> list[str]:
+    ov = BASE + extra + [f"model.path={model}", f"run.seed={case.seed}", f"health.mode={case.mode}", f"train.steps={steps}"]
+    if case.fault:
+        ov.append(f"health.inject=[{{name: {case.fault}, severity: {case.severity}, start: {start}}}]")
+    return ov
+
+
+def _score(policy: Any, problems: list[dict], cfg: Any, seed: int) -> float:
+    from tether.eval.runner import run_eval
+
+    m, _ = run_eval(policy, problems, cfg.eval, cfg.reward, seed=seed, batch_size=256, greedy=False)
+    return m["eval/pass@1"]
+
+
+def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra: list[str]) -> dict[str, Any]:
+    """One benchmark run; returns its record (never raises)."""
+    import torch
+
+    from tether.config import load_config
+    from tether.policy.hf import load_policy
+    from tether.recipes.common import setup_problems
+    from tether.recipes.rl import run_rl
+
+    torch.set_num_threads(1)
+    logging.getLogger("tether.health").setLevel(logging.CRITICAL)
+    t0 = time.perf_counter()
+    rd = Path(out_dir) / case.id
+    rec: dict[str, Any] = {"case": asdict(case), "id": case.id}
+    try:
+        cfg = load_config(None, _case_overrides(case, Path(model), steps, start, extra))
+        train, held = setup_problems(cfg)
+        policy = load_policy(model)
+        try:
+            summary = run_rl(cfg, rd, policy=policy)
+            rec["health"] = summary.get("health", {})
+            rec["interrupted"] = summary.get("interrupted")
+        except Exception as err:  # TrainingHalted, RewardFailure: the run died; score what is left
+            rec["crash"] = f"{type(err).__name__}: {err}"[:300]
+        clean = load_config(None, BASE + extra + [f"model.path={model}", "health.mode=off"])  # true labels, clean reward
+        rec["final_train_acc"] = _score(policy, train[:128], clean, 1234)
+        rec["final_heldout_acc"] = _score(policy, held, clean, 4321)
+        rec.update(read_health_record(rd, start if case.fault else 1))
+    except Exception as err:  # a benchmark bug must not kill the whole benchmark
+        rec["error"] = f"{type(err).__name__}: {err}"[:500]
+    rec["seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def read_health_record(rd: Path, start: int) -> dict[str, Any]:
+    """Detection step, diagnosis at decision time, actions and halt from a run's health.jsonl."""
+    path = rd / "health.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    finds = [r for r in rows if r.get("kind") == "finding"]
+    before = [r for r in finds if r["step"] < start]
+    after = [r for r in finds if r["step"] >= start]
+    first = after[0] if after else None
+    crit = next((r for r in after if r["severity"] == "critical"), None)
+    decide = crit["step"] if crit else (after[-1]["step"] if after else None)
+    diag = [r for r in rows if r.get("kind") == "diagnosis" and (decide is None or r["step"] <= decide)]
+    hyps = diag[-1]["hypotheses"] if diag else []
+    return {
+        "alarms_before_start": len(before),
+        "first_alarm_step": first["step"] if first else None,
+        "first_alarm_detector": first["detector"] if first else None,
+        "first_critical_step": crit["step"] if crit else None,
+        "detectors": sorted({r["detector"] for r in after}),
+        "diagnosis": [h["cause"] for h in hyps[:3]],
+        "diagnosis_family": [h["family"] for h in hyps[:3]],
+        "actions": [{k: r.get(k) for k in ("event", "step", "action", "reason")} for r in rows if r.get("kind") == "action"],
+        "halted": next((r["step"] for r in rows if r.get("kind") == "halt"), None),
+    }
+
+
+def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int], healthy_seeds: list[int],
+               modes: tuple[str, ...] = ("advise", "auto")) -> list[Case]:
+    cases = [Case(None, None, s, m) for s in healthy_seeds for m in modes]
+    cases += [Case(f, sev, s, m) for f in faults for sev in severities for s in seeds for m in modes]
+    return cases
+
+
+def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str, ...] = ("subtle", "obvious"),
+              seeds: list[int] | None = None, healthy_seeds: list[int] | None = None, steps: int = 45, start: int = 15,
+              workers: int = 2, extra: list[str] | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the benchmark into `out` (cases.jsonl, results.json); finished cases are reused."""
+    from tether.health.faults import load_fault_plugins
+
+    registry = load_fault_plugins()
+    faults = list(faults or sorted(registry))
+    seeds = list(seeds if seeds is not None else [0, 1])
+    healthy_seeds = list(healthy_seeds if healthy_seeds is not None else range(10))
+    extra = list(extra or [])
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model = prepare_base(out / "cache", extra)
+    progress(f"base model ready ({time.perf_counter() - t0:.0f}s): {model}")
+    log_path = out / "cases.jsonl"
+    done = {}
+    if log_path.exists():
+        for line in log_path.read_text().splitlines():
+            r = json.loads(line)
+            if "error" not in r:
+                done[r["id"]] = r
+    cases = [c for c in make_cases(faults, severities, seeds, healthy_seeds) if c.id not in done]
+    progress(f"{len(cases)} runs to do ({len(done)} reused), {workers} worker(s)")
+    args = (str(model), str(out / "runs"), steps, start, extra)
+    records = list(done.values())
+    if workers <= 1:
+        it: Iterable[dict] = (run_case(c, *args) for c in cases)
+        _collect(it, records, log_path, len(cases), t0, progress)
+    else:
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futs = [pool.submit(run_case, c, *args) for c in cases]
+            _collect((f.result() for f in as_completed(futs)), records, log_path, len(cases), t0, progress)
+    results = compute_results(records, registry, start)
+    results["config"] = {"steps": steps, "start": start, "seeds": seeds, "healthy_seeds": healthy_seeds,
+                         "severities": list(severities), "faults": faults, "base": BASE + extra}
+    results["wall_seconds"] = time.perf_counter() - t0
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _collect(it, records, log_path, n, t0, progress) -> None:
+    with open(log_path, "a") as fh:
+        for i, rec in enumerate(it, 1):
+            records.append(rec)
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            progress(f"[{i}/{n} {time.perf_counter() - t0:.0f}s] {rec['id']}: alarm={rec.get('first_alarm_step')} "
+                     f"dx={rec.get('diagnosis', [])[:1]} acc={rec.get('final_train_acc', float('nan')):.3f}"
+                     + (f" ERROR {rec['error']}" if "error" in rec else ""))
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _rate(hits: list[bool]) -> float | None:
+    return sum(hits) / len(hits) if hits else None
+
+
+def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
+    ok = [r for r in records if "error" not in r]
+    by = {r["id"]: r for r in ok}
+    healthy = [r for r in ok if r["case"]["fault"] is None]
+    h_adv = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "advise"}
+    h_auto = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "auto"}
+    h_scores = [r["final_train_acc"] for r in h_adv.values()]
+    delta = max(0.05, 2 * statistics.stdev(h_scores)) if len(h_scores) >= 3 else 0.05
+    h_mean = _mean(h_scores)
+    faulty = [r for r in ok if r["case"]["fault"] is not None and r["case"]["mode"] == "advise"]
+    rows, det = {}, {"subtle": [], "obvious": []}
+    delays, top1, top3, fam1 = [], [], [], []
+    repair, harm = [], []
+    for r in faulty:
+        c = r["case"]
+        cls = registry.get(c["fault"])
+        cause, family = (cls.cause, cls.family) if cls else (None, None)
+        hit = r.get("first_alarm_step") is not None
+        det[c["severity"]].append(hit)
+        auto = by.get(Case(c["fault"], c["severity"], c["seed"], "auto").id)
+        healthy_ref = h_adv.get(c["seed"], {}).get("final_train_acc", h_mean)
+        row = rows.setdefault(f"{c['fault']}/{c['severity']}", {
+            "fault": c["fault"], "severity": c["severity"], "family": family, "cause": cause,
+            "remediable": bool(cls and cls.remediable), "runs": 0, "detected": 0, "delays": [], "top1": 0, "top3": 0,
+            "healthy_acc": [], "advise_acc": [], "auto_acc": [], "repaired": [], "harmed": [], "actions": []})
+        row["runs"] += 1
+        row["healthy_acc"].append(healthy_ref)
+        row["advise_acc"].append(r["final_train_acc"])
+        if hit:
+            row["detected"] += 1
+            delays.append(r["first_alarm_step"] - start)
+            row["delays"].append(r["first_alarm_step"] - start)
+            dx = r.get("diagnosis", [])
+            top1.append(dx[:1] == [cause])
+            top3.append(cause in dx[:3])
+            fam1.append(r.get("diagnosis_family", [])[:1] == [family])
+            row["top1"] += dx[:1] == [cause]
+            row["top3"] += cause in dx[:3]
+        if auto is not None:
+            a, f = auto["final_train_acc"], r["final_train_acc"]
+            row["auto_acc"].append(a)
+            row["actions"].append([x["action"] + ":" + x["event"] for x in auto.get("actions", [])] +
+                                  (["halt"] if auto.get("halted") is not None else []))
+            harmed = a < f - delta
+            harm.append(harmed)
+            row["harmed"].append(harmed)
+            if cls and cls.remediable and healthy_ref is not None and healthy_ref - f >= delta:
+                ok_fix = a - f >= 0.5 * (healthy_ref - f)
+                repair.append(ok_fix)
+                row["repaired"].append(ok_fix)
+    for seed, r in h_auto.items():
+        if seed in h_adv:
+            harm.append(r["final_train_acc"] < h_adv[seed]["final_train_acc"] - delta)
+    table = []
+    for key, row in sorted(rows.items()):
+        table.append({**{k: row[k] for k in ("fault", "severity", "family", "cause", "remediable", "runs", "detected", "top1", "top3")},
+                      "delay_median": statistics.median(row["delays"]) if row["delays"] else None,
+                      "healthy_acc": _mean(row["healthy_acc"]), "advise_acc": _mean(row["advise_acc"]),
+                      "auto_acc": _mean(row["auto_acc"]), "repaired": f"{sum(row['repaired'])}/{len(row['repaired'])}",
+                      "harmed": sum(row["harmed"]), "actions": row["actions"]})
+    return {
+        "recall_obvious": _rate(det["obvious"]), "recall_subtle": _rate(det["subtle"]),
+        "false_alarm_rate": _rate([r.get("first_alarm_step") is not None for r in h_adv.values()]),
+        "false_alarm_rate_prefault": _rate([r.get("alarms_before_start", 0) > 0 for r in faulty]),
+        "steps_to_detect_median": statistics.median(delays) if delays else None,
+        "diagnosis_top1": _rate(top1), "diagnosis_top3": _rate(top3), "diagnosis_family_top1": _rate(fam1),
+        "remediation_success": _rate(repair), "remediation_cases": len(repair),
+        "harm_rate": _rate(harm), "harm_cases": len(harm), "delta": delta,
+        "healthy_acc_mean": h_mean, "healthy_acc_std": statistics.stdev(h_scores) if len(h_scores) >= 2 else None,
+        "runs": len(ok), "errors": [r["id"] + ": " + r["error"] for r in records if "error" in r],
+        "per_fault": table,
+    }
+
+
+def format_results(res: dict[str, Any]) -> str:
+    """The headline scores and the per-fault table as text."""
+    f = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
+    keys = ("recall_obvious", "recall_subtle", "false_alarm_rate", "false_alarm_rate_prefault", "steps_to_detect_median",
+            "diagnosis_top1", "diagnosis_top3", "diagnosis_family_top1", "remediation_success", "remediation_cases",
+            "harm_rate", "harm_cases", "delta", "healthy_acc_mean", "runs")
+    lines = [f"{k:28s} {f(res.get(k))}" for k in keys]
+    lines.append("")
+    lines.append(f"{'fault/severity':32s} {'det':>5s} {'delay':>5s} {'top1':>5s} {'top3':>5s} {'healthy':>7s} {'advise':>7s} "
+                 f"{'auto':>7s} {'repair':>6s} {'harm':>4s}  actions")
+    for r in res.get("per_fault", []):
+        acts = sorted({a for run in r["actions"] for a in run})
+        lines.append(f"{r['fault'] + '/' + r['severity']:32s} {r['detected']}/{r['runs']:<3d} {f(r['delay_median']):>5s} "
+                     f"{r['top1']:>5d} {r['top3']:>5d} {f(r['healthy_acc']):>7s} {f(r['advise_acc']):>7s} {f(r['auto_acc']):>7s} "
+                     f"{r['repaired'] if r['remediable'] else '-':>6s} {r['harmed']:>4d}  {','.join(acts)}")
+    if res.get("errors"):
+        lines.append(f"errors: {res['errors']}")
+    return "\n".join(lines)
+
+
+__all__ = ["BASE", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record",
+           "run_bench", "run_case"]

@@ -1,0 +1,155 @@
+"""`tether doctor RUN_DIR`: the health of a finished (or running) run, from its files alone.
+
+The detectors are replayed over `metrics.jsonl` (the `health/*` telemetry the monitor wrote into
+each row makes the replay match the online run), then diagnosed; the events the online monitor
+recorded in `health.jsonl` (findings, diagnoses, repairs, halts, hangs) are shown alongside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tether.health.detectors import Finding, RunContext
+from tether.health.diagnosis import diagnose
+
+
+def _load_rows(run: Path) -> list[dict[str, Any]]:
+    from tether.io.run_dir import read_metrics
+
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{run}: no metrics.jsonl (is this a tether run directory?)")
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in read_metrics(path):
+        if isinstance(row.get("step"), int):
+            by_step.setdefault(row["step"], {}).update(row)
+    return [by_step[s] for s in sorted(by_step) if s > 0 and "reward/mean" in by_step[s]]
+
+
+def _load_config(run: Path) -> Any:
+    from tether.config import TetherConfig, build_config
+
+    path = run / "config.yaml"
+    if not path.exists():
+        return TetherConfig()
+    data = yaml.safe_load(path.read_text()) or {}
+    data.setdefault("health", {})["inject"] = []  # the doctor is not told what was injected
+    return build_config(data, str(path))
+
+
+def _context(cfg: Any, rows: list[dict[str, Any]]) -> RunContext:
+    from tether.health.monitor import build_context
+
+    ctx = build_context(cfg)
+    weights = dict(ctx.reward_weights)
+    for row in rows:  # components added during the run (unknown weight: 1)
+        for k in row:
+            if k.startswith("reward/") and k.endswith("/mean") and k.count("/") >= 2:
+                name = k[len("reward/"):-len("/mean")]
+                if name not in ("total",) and "/" not in name:
+                    weights.setdefault(name, 1.0)
+    return RunContext(ctx.correctness, weights, ctx.max_staleness)
+
+
+def replay(rows: list[dict[str, Any]], cfg: Any) -> tuple[list[Finding], list[Any]]:
+    """Findings of every step and the final diagnosis, re-computed from metrics rows."""
+    from tether.health.monitor import HealthMonitor
+
+    mon = HealthMonitor(cfg, rd=None, watchdog=False)
+    ctx = _context(cfg, rows)
+    lg = logging.getLogger("tether.health")
+    level = lg.level
+    lg.setLevel(logging.ERROR)  # a replay reports once, at the end
+    try:
+        for row in rows:
+            mon.run_detectors(int(row["step"]), row, ctx)
+    finally:
+        lg.setLevel(level)
+    episode = _episode(mon.findings)
+    return mon.findings, diagnose(episode)
+
+
+def _episode(findings: list[Finding]) -> list[Finding]:
+    """The findings of the first sustained problem: from the first critical finding's streak
+    (or all findings when none is critical) - what a doctor should name."""
+    crit = [f for f in findings if f.severity == "critical"]
+    if not crit:
+        return findings
+    first = crit[0].step
+    return [f for f in findings if f.step <= first + 5]
+
+
+def _events(run: Path) -> list[dict[str, Any]]:
+    path = run / "health.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def examine(run_dir: str | Path) -> dict[str, Any]:
+    """The doctor's report as a JSON-ready dict."""
+    run = Path(run_dir)
+    rows = _load_rows(run)
+    cfg = _load_config(run)
+    findings, hyps = replay(rows, cfg)
+    by_det: dict[str, dict[str, Any]] = {}
+    for f in findings:
+        d = by_det.setdefault(f.detector, {"detector": f.detector, "mode": f.mode, "first_step": f.step, "since": f.since,
+                                            "last_step": f.step, "steps": 0, "severity": f.severity, "message": f.message,
+                                            "doc": f"docs/health/{f.mode}.md"})
+        d["last_step"], d["steps"] = f.step, d["steps"] + 1
+        if f.severity == "critical" and d["severity"] != "critical":
+            d["severity"], d["message"] = "critical", f.message
+    top = hyps[0] if hyps else None
+    events = _events(run)
+    return {
+        "run_dir": str(run), "steps": len(rows), "first_step": rows[0]["step"] if rows else None,
+        "last_step": rows[-1]["step"] if rows else None, "healthy": not findings,
+        "since": top.since if top else None, "family": top.family if top else None, "cause": top.cause if top else None,
+        "hypotheses": [h.to_json() for h in hyps[:5]],
+        "findings": sorted(by_det.values(), key=lambda d: (d["since"], d["first_step"])),
+        "events": [e for e in events if e.get("kind") != "finding"],
+        "halted": next((e for e in events if e.get("kind") in ("halt", "hang")), None),
+    }
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    lines = [f"run: {rep['run_dir']}  (steps {rep['first_step']}..{rep['last_step']})"]
+    if rep["healthy"]:
+        lines.append(f"status: HEALTHY - no detector fired in {rep['steps']} steps")
+    else:
+        top = rep["hypotheses"][0] if rep["hypotheses"] else {}
+        lines.append(f"status: UNHEALTHY since step {rep['since']} - family: {rep['family']} - likely cause: "
+                     f"{top.get('title', '?')} ({100 * top.get('confidence', 0):.0f}%)")
+        lines.append("")
+        lines.append("findings:")
+        for d in rep["findings"]:
+            span = f"{d['first_step']}" if d["first_step"] == d["last_step"] else f"{d['first_step']}-{d['last_step']}"
+            lines.append(f"  steps {span:9s} {d['detector']:22s} [{d['severity']}] since {d['since']}: {d['message']}  ({d['doc']})")
+        lines.append("")
+        lines.append("hypotheses:")
+        for i, h in enumerate(rep["hypotheses"][:3], 1):
+            ev = ", ".join(f"{e['detector']} since {e['since']}" for e in h["evidence"])
+            lines.append(f"  {i}. {h['cause']} ({h['family']}, {100 * h['confidence']:.0f}%): {h['title']}; evidence: {ev}")
+        if rep["hypotheses"]:
+            lines.append(f"  advice: {rep['hypotheses'][0]['advice']}")
+    acts = [e for e in rep["events"] if e.get("kind") in ("action", "halt", "hang", "advice", "detector_error", "monitor_error")]
+    if acts:
+        lines.append("")
+        lines.append("recorded by the online monitor:")
+        for e in acts:
+            if e["kind"] == "action":
+                ch = "; ".join(f"{c['path']} {c['old']} -> {c['new']}" for c in e.get("changes", []))
+                lines.append(f"  step {e['step']}: {e['event']} {e['action']} ({ch})" + (f" - {e['reason']}" if e.get("reason") else ""))
+            elif e["kind"] == "halt":
+                lines.append(f"  step {e['step']}: HALT - {e['reason']} (cause {e['cause']}, family {e['family']})")
+            elif e["kind"] == "hang":
+                lines.append(f"  HANG in phase {e['phase']} after {e['seconds']:.0f}s (stacks in health_stacks.txt)")
+            else:
+                lines.append(f"  {e['kind']}: {e.get('message') or e.get('error')}")
+    return "\n".join(lines)

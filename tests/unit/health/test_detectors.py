@@ -1,0 +1,132 @@
+"""Each detector on synthetic series: quiet on healthy noise, fires (with its mode) on the change
+it documents, a few steps after the change starts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tether.health.detectors import DETECTORS, Detector
+from health_helpers import replay, series
+
+
+def _set(key, value):
+    def fn(row, step):
+        row[key] = value(row, step) if callable(value) else value
+    return fn
+
+
+CASES = {
+    "nonfinite": {"nonfinite_steps": _set("nonfinite_steps", lambda r, s: float(s - 14))},
+    "grad_spike": {"grad_norm": _set("grad_norm", 12.0)},
+    "kl_explosion": {"approx_kl": _set("approx_kl", 0.5)},
+    "clip_saturation": {"clip_frac": _set("clip_frac", 0.4)},
+    "entropy_collapse": {"entropy": _set("entropy", 0.1)},
+    "entropy_explosion": {"entropy": _set("entropy", 2.5)},
+    "no_signal": {"zv": _set("frac_zero_variance_groups", 1.0)},
+    "truncation": {"t": _set("truncation_rate", 0.6)},
+    "length": {"l": _set("response_length/mean", 0.9)},
+    "reward_hacking": {"w": _set("health/reward_incorrect_mean", 0.5), "r": _set("reward/mean", 0.6)},
+    "reward_noise": {"c": _set("health/reward_correct_mean", 0.6)},
+    "error_surge": {"e": _set("reward/error_rate", 0.2)},
+    "advantage_misalignment": {"a": _set("advantage/score_corr", -0.9)},
+    "group_integrity": {"g": _set("health/group_mixed_frac", 0.5)},
+    "data_shift": {"p": _set("health/prompt_len_mean", 2.5)},
+    "stale_weights": {"v": _set("health/rollout_version_min", 14.0)},
+    "logp_gap": {"g": _set("logp_gap_mean", 0.05)},
+    "stall": {"t": _set("time/step", 1.0), "r": _set("time/reward", 0.8)},
+    "regression": {"a": _set("accuracy", 0.05)},
+}
+
+
+def test_every_detector_has_a_case_and_a_docstring():
+    assert set(CASES) == set(DETECTORS)
+    for cls in DETECTORS.values():
+        assert cls.__doc__ and cls.mode
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_quiet_on_healthy_noise(seed):
+    assert replay(series(60, seed)) == []
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fires_after_the_change(name):
+    found = replay(series(30, 3, CASES[name]), detector=name)
+    assert found, f"{name} did not fire"
+    first = found[0]
+    assert 15 <= first.step <= 18, (name, first.step)
+    assert first.since >= 15 and first.mode == DETECTORS[name].mode
+    assert any(f.severity == "critical" for f in found)
+    assert first.evidence and first.message
+
+
+def test_waits_for_the_baseline_window():
+    rows = series(10, 0, CASES["grad_spike"], start=2)
+    assert replay(rows, detector="grad_spike", baseline_window=12) == []
+
+
+def test_single_spike_is_not_a_finding():
+    rows = series(40, 1)
+    rows[20]["grad_norm"] = 6.0
+    assert replay(rows, detector="grad_spike") == []
+
+
+def test_threshold_overrides_and_unknown_parameter():
+    rows = series(30, 2, {"g": _set("grad_norm", 3.0)})
+    assert replay(rows, detector="grad_spike") == []  # 3x is below the default 4x
+    assert replay(rows, detector="grad_spike", thresholds={"grad_spike.factor": 2.0})
+    with pytest.raises(ValueError, match="no parameter"):
+        DETECTORS["grad_spike"]({"nope": 1.0})
+
+
+def test_missing_and_nonfinite_values_are_ignored():
+    rows = series(30, 4)
+    for r in rows[10:]:
+        r["grad_norm"] = math.nan
+        r.pop("entropy")
+    assert replay(rows) == []
+
+
+def test_severity_escalates_with_persistence():
+    found = replay(series(30, 5, {"c": _set("clip_frac", 0.12)}), detector="clip_saturation")
+    sev = [f.severity for f in found]
+    assert sev[0] == "warn" and "critical" in sev
+
+
+def test_base_class_contract():
+    class Always(Detector):
+        name, mode, needs_baseline = "always", "x", False
+
+        def evaluate(self, h, ctx):
+            return 1, "m", {}
+
+    from tether.health.telemetry import History
+
+    d, h = Always(), History()
+    h.add(1, {})
+    assert d.check(h, None) is None  # persistence 2 of 3
+    h.add(2, {})
+    f = d.check(h, None)
+    assert f.since == 1 and f.severity == "warn"
+
+
+def test_everything_truncated_warns_within_3_steps():
+    """pitfalls.md #8: a config that truncates every response is flagged within 3 steps,
+    before any baseline exists."""
+    rows = series(5, 0, {"t": _set("truncation_rate", 1.0)}, start=1)
+    found = replay(rows, detector="no_signal")
+    assert found and found[0].step <= 3 and "truncated" in found[0].message
+
+
+def test_every_failure_mode_has_a_doc_page():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[3] / "docs" / "health"
+    for cls in DETECTORS.values():
+        page = docs / f"{cls.mode}.md"
+        assert page.is_file(), page
+        text = page.read_text()
+        for section in ("## Symptoms", "## Detector", "## Likely causes", "## What tether does"):
+            assert section in text, (page, section)

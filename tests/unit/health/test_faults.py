@@ -1,0 +1,124 @@
+"""Fault plugins: the catalogue, the seams, and user faults in one file."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from tether.algos.base import AdvantageOutputs
+from tether.config import TetherConfig
+from tether.health.faults import FAMILIES, NO_FAULTS, Fault, FaultSet, build_faults, get_fault_class, load_fault_plugins, register_fault
+from health_helpers import make_group
+
+
+class _St:
+    step = 14
+    policy = None
+
+
+def _fault(name, severity="obvious", start=15):
+    return get_fault_class(name)(severity, start)
+
+
+def test_catalogue_covers_16_types_in_5_families_with_two_severities():
+    reg = load_fault_plugins()
+    assert len(reg) >= 16
+    assert {c.family for c in reg.values()} == set(FAMILIES)
+    from tether.health.diagnosis import CAUSES
+
+    for name, cls in reg.items():
+        assert set(cls.severities) == {"subtle", "obvious"}, name
+        assert cls.cause in CAUSES, name
+        assert cls.__doc__, name
+
+
+def test_no_faults_is_identity_and_falsy():
+    assert not NO_FAULTS
+    x = object()
+    assert NO_FAULTS.begin_rollout(x) is x and NO_FAULTS.end_rollout(x) is x and NO_FAULTS.on_advantages(x, None) is x
+    assert build_faults([], None, None) is NO_FAULTS
+
+
+def test_faults_wait_for_their_start_step():
+    st = _St()
+    st.step = 13  # computing step 14; the fault starts at 15
+    f = FaultSet([_fault("advantage_sign_flip")], st, TetherConfig())
+    adv = AdvantageOutputs(torch.ones(4, 3))
+    assert f.on_advantages(adv, torch.tensor([0, 0, 1, 1])) is adv
+    st.step = 14
+    assert torch.equal(f.on_advantages(adv, torch.tensor([0, 0, 1, 1])).advantages_BT, -torch.ones(4, 3))
+
+
+def test_sign_flip_negates_all_groups_when_obvious():
+    f = FaultSet([_fault("advantage_sign_flip")], _St(), TetherConfig())
+    out = f.on_advantages(AdvantageOutputs(torch.ones(4, 3)), torch.tensor([0, 0, 1, 1]))
+    assert torch.equal(out.advantages_BT, -torch.ones(4, 3))
+
+
+def test_group_mixing_breaks_group_integrity():
+    from tether.health.telemetry import compute_trajectory_stats
+
+    groups = [make_group(str(i), (i, i + 1), [1.0, 0.0, 1.0, 0.0], [True, False, True, False]) for i in range(8)]
+    mixed = _fault("group_mixing").on_rollouts(groups, 15)
+    assert compute_trajectory_stats(mixed)["health/group_mixed_frac"] > 0.5
+
+
+def test_label_corruption_is_deterministic_per_problem():
+    f = _fault("label_corruption")
+    probs = [{"id": f"p{i}", "prompt": "1+1=", "answer": "2"} for i in range(50)]
+    a, b = f.on_problems(probs, 15), f.on_problems(probs, 30)
+    assert a == b
+    assert 0.6 < sum(p["answer"] != "2" for p in a) / 50 <= 1.0
+
+
+def test_config_fault_changes_the_config_once():
+    cfg = TetherConfig()
+    f = FaultSet([_fault("low_temperature")], _St(), cfg)
+    f.begin_rollout([])
+    f.begin_rollout([])
+    assert cfg.rollout.sampling.temperature == pytest.approx(0.3)
+
+
+def test_sampler_swap_is_undone_after_the_rollout():
+    cfg, st = TetherConfig(), _St()
+    st.policy = "trainer-policy"
+    f = FaultSet([_fault("sampler_mismatch")], st, cfg)
+    original = cfg.rollout.sampling
+    f.begin_rollout([])
+    assert cfg.rollout.sampling.temperature == pytest.approx(0.5) and st.policy == "trainer-policy"
+    f.end_rollout([])
+    assert cfg.rollout.sampling is original
+
+
+def test_user_fault_in_one_file_by_module_path():
+    mod = types.ModuleType("my_faults")
+
+    class Blank(Fault):
+        name, family, cause = "blank_answers", "data", "data_corruption"
+        severities = {"subtle": {"p": 0.5}, "obvious": {"p": 1.0}}
+
+        def on_problems(self, problems, step):
+            return [dict(p, answer="") for p in problems if self.coin(step, p["id"]) < self.p["p"]]
+
+    mod.Blank = Blank
+    sys.modules["my_faults"] = mod
+    try:
+        fs = build_faults([{"name": "my_faults:Blank", "severity": "obvious", "start": 1}], _St(), TetherConfig())
+        assert fs.begin_rollout([{"id": "x", "answer": "3"}]) == [{"id": "x", "answer": ""}]
+        with pytest.raises(ValueError, match="not a Fault"):
+            get_fault_class("my_faults:nothing")
+        register_fault(Blank)  # registering by name works too
+        assert get_fault_class("blank_answers") is Blank
+    finally:
+        sys.modules.pop("my_faults")
+        from tether.health.faults import FAULTS
+
+        FAULTS.pop("blank_answers", None)
+
+
+def test_unknown_fault_lists_valid_names():
+    with pytest.raises(ValueError, match="lr_spike"):
+        get_fault_class("lr_spyke")

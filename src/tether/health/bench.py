@@ -20,7 +20,8 @@ Scores (results.json):
                                    critical finding (or the last diagnosis), over detected runs
   diagnosis_family_top1            the same at the family level
   remediation_success              remediable faults whose damage (healthy - advise outcome >=
-                                   delta) auto mode recovered by at least half
+                                   delta) auto mode recovered by at least half, running to the end
+  salvage_rate                     the same, counting runs halted at their last healthy weights
   harm_rate                        auto runs (faulty and healthy) ending > delta below advise
 """
 
@@ -236,7 +237,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
     faulty = [r for r in ok if r["case"]["fault"] is not None and r["case"]["mode"] == "advise"]
     rows, det = {}, {"subtle": [], "obvious": []}
     delays, top1, top3, fam1 = [], [], [], []
-    repair, harm = [], []
+    repair, salvage, harm = [], [], []
     for r in faulty:
         c = r["case"]
         cls = registry.get(c["fault"])
@@ -271,9 +272,11 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
             harm.append(harmed)
             row["harmed"].append(harmed)
             if cls and cls.remediable and healthy_ref is not None and healthy_ref - f >= delta:
-                ok_fix = a - f >= 0.5 * (healthy_ref - f)
-                repair.append(ok_fix)
-                row["repaired"].append(ok_fix)
+                recovered = a - f >= 0.5 * (healthy_ref - f)
+                completed = auto.get("halted") is None and not auto.get("crash")
+                repair.append(recovered and completed)  # repaired: ran to the end and recovered half the damage
+                salvage.append(recovered)  # halting at the last healthy weights counts here
+                row["repaired"].append(recovered and completed)
     for seed, r in h_auto.items():
         if seed in h_adv:
             harm.append(r["final_train_acc"] < h_adv[seed]["final_train_acc"] - delta)
@@ -290,7 +293,8 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         "false_alarm_rate_prefault": _rate([r.get("alarms_before_start", 0) > 0 for r in faulty]),
         "steps_to_detect_median": statistics.median(delays) if delays else None,
         "diagnosis_top1": _rate(top1), "diagnosis_top3": _rate(top3), "diagnosis_family_top1": _rate(fam1),
-        "remediation_success": _rate(repair), "remediation_cases": len(repair),
+        "remediation_success": _rate(repair), "remediation_cases": len(repair), "salvage_rate": _rate(salvage),
+        "halt_rate_faulty_auto": _rate([r.get("halted") is not None for r in ok if r["case"]["fault"] and r["case"]["mode"] == "auto"]),
         "harm_rate": _rate(harm), "harm_cases": len(harm), "delta": delta,
         "healthy_acc_mean": h_mean, "healthy_acc_std": statistics.stdev(h_scores) if len(h_scores) >= 2 else None,
         "runs": len(ok), "errors": [r["id"] + ": " + r["error"] for r in records if "error" in r],
@@ -303,6 +307,7 @@ def format_results(res: dict[str, Any]) -> str:
     f = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
     keys = ("recall_obvious", "recall_subtle", "false_alarm_rate", "false_alarm_rate_prefault", "steps_to_detect_median",
             "diagnosis_top1", "diagnosis_top3", "diagnosis_family_top1", "remediation_success", "remediation_cases",
+            "salvage_rate", "halt_rate_faulty_auto",
             "harm_rate", "harm_cases", "delta", "healthy_acc_mean", "runs")
     lines = [f"{k:28s} {f(res.get(k))}" for k in keys]
     lines.append("")

@@ -30,8 +30,7 @@ class FaultSpecConfig(_Base):
 class HealthConfig(_Base):
     mode: Literal["off", "advise", "auto"] = Field(
         "advise", description="off | advise: detect + diagnose + report | auto: also roll back and repair")
-    baseline_skip: int = Field(4, ge=0, description="warm-up steps kept out of the baseline window (the first RL steps
-                               after SFT are a transient)")
+    baseline_skip: int = Field(4, ge=0, description="first steps kept out of the baseline (the post-SFT transient)")
     baseline_window: int = Field(8, ge=3, description="steps whose statistics the relative thresholds refer to")
     rebase_every: int = Field(50, ge=0, description="re-anchor the baseline to recent healthy steps every N (0: never)")
     disable: list[str] = Field(default_factory=list, description="detector names to switch off")

@@ -151,10 +151,10 @@ class DataDetector(Detector):
     after step, or far more problems became unsolvable than during the baseline."""
 
     name, mode = "data_shift", "data"
-    defaults = {"prompt_z": 8.0, "prompt_rel": 0.1, "repeat": 0.35, "unsolvable": 0.35, "unsolvable_z": 3.0}
+    defaults = {"prompt_z": 6.0, "prompt_rel": 0.1, "repeat": 0.35, "unsolvable": 0.35, "unsolvable_z": 3.0}
 
     def evaluate(self, h, ctx):
-        base, x = h.baseline("health/prompt_len_mean"), _recent_mean(h, "health/prompt_len_mean", 2)
+        base, x = h.baseline("health/prompt_len_mean", rel_floor=0.02), _recent_mean(h, "health/prompt_len_mean", 2)
         if base is not None and x is not None and abs(x - base.median) > max(self.p["prompt_z"] * base.scale, self.p["prompt_rel"] * base.median):
             return 1, f"mean prompt length {x:.3g} vs baseline {base.median:.3g}", {"health/prompt_len_mean": _ev(x, base), "rule": "prompt"}
         base, x = h.baseline("health/task_repeat_frac", abs_floor=0.02), _recent_mean(h, "health/task_repeat_frac", 2)

@@ -1,9 +1,9 @@
 """Diagnosis: ranked root-cause hypotheses from the findings of recent steps.
 
 Each cause has a fingerprint: weights on the detectors (or `detector:rule` sub-rules) whose
-findings it explains. A hypothesis scores sum(weight x severity x earliness) over the distinct
+findings it explains (a negative weight is evidence against it). A hypothesis scores sum(weight x severity x earliness) over the distinct
 signatures present, where the earliest-firing signatures count 1.5x (a root cause shows first;
-its consequences - a falling accuracy, a grad spike - follow). Ranked by score; `confidence` is the
+its consequences - a falling accuracy, a grad spike - follow; one step later counts 1.2x). Ranked by score; `confidence` is the
 score's share of all scores. The fingerprints encode how each failure shows in telemetry
 (algorithms.md Part B, pitfalls.md #3-#8, #12, #16, #17); faultbench measures how often the top
 hypothesis is the injected cause.
@@ -29,7 +29,7 @@ class Cause:
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("lr_too_high", "optimisation", "learning rate (update size) too high",
-          {"grad_spike": 3, "kl_explosion": 3, "clip_saturation": 2, "entropy_explosion": 1, "entropy_collapse": 0.7,
+          {"grad_spike": 3, "kl_explosion": 4, "clip_saturation": 2, "entropy_explosion": 1,
            "nonfinite": 1, "regression": 0.5, "length": 0.3},
           ("lower_lr", "lower_lr_x10", "raise_kl"), "lower train.lr (or raise warm-up), add a KL anchor"),
     Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
@@ -39,7 +39,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"entropy_collapse": 3, "no_signal": 0.5, "length:collapse": 0.3},
           ("raise_temperature",), "raise rollout temperature, clip-higher, Clip-Cov/KL-Cov, an entropy bonus"),
     Cause("entropy_explosion", "optimisation", "entropy blow-up (entropy bonus / clip-higher too permissive)",
-          {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3},
+          {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3, "kl_explosion": -1.5, "grad_spike": -1},
           ("drop_entropy_bonus", "raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor"),
     Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
           {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3},
@@ -122,19 +122,20 @@ def diagnose(findings: Iterable[Finding]) -> list[Hypothesis]:
     earliest = min(first_since.values())
     scored = []
     for cause in CAUSES.values():
-        score, ev, since = 0.0, [], None
+        score, ev, since = 0.0, {}, None
         for key, w in cause.fingerprint.items():
             f = latest.get(key)
             if f is None:
                 continue
             sev = 1.0 if f.severity == "critical" else 0.6
-            early = 1.5 if first_since[key] <= earliest + 1 else 1.0
-            score += w * sev * early
-            since = first_since[key] if since is None else min(since, first_since[key])
-            if key == f.detector:
-                ev.append({"detector": f.detector, "since": first_since[key], "severity": f.severity, "message": f.message})
-        if score > 0:
-            scored.append((score, cause, since, ev))
+            lag = first_since[key] - earliest
+            score += w * sev * (1.5 if lag == 0 else 1.2 if lag == 1 else 1.0)
+            if w > 0:
+                since = first_since[key] if since is None else min(since, first_since[key])
+                ev.setdefault(f.detector, {"detector": f.detector, "since": first_since[key], "severity": f.severity,
+                                           "message": f.message})
+        if score > 0 and ev:
+            scored.append((score, cause, since, list(ev.values())))
     total = sum(s for s, *_ in scored)
     scored.sort(key=lambda x: (-x[0], x[2]))
     return [Hypothesis(c.name, c.family, c.title, s, s / total, since, ev, c.actions, c.advice) for s, c, since, ev in scored]

@@ -42,32 +42,32 @@ def _load_config(run: Path) -> Any:
     return build_config(data, str(path))
 
 
-def _context(cfg: Any, rows: list[dict[str, Any]]) -> RunContext:
+def _contexts(cfg: Any, run: Path | None) -> dict[int, RunContext]:
+    """The reward context by step: the monitor's `context` records, else the config's."""
     from tether.health.monitor import build_context
 
-    ctx = build_context(cfg)
-    weights = dict(ctx.reward_weights)
-    for row in rows:  # components added during the run (unknown weight: 1)
-        for k in row:
-            if k.startswith("reward/") and k.endswith("/mean") and k.count("/") >= 2:
-                name = k[len("reward/"):-len("/mean")]
-                if name not in ("total",) and "/" not in name:
-                    weights.setdefault(name, 1.0)
-    return RunContext(ctx.correctness, weights, ctx.max_staleness)
+    out = {0: build_context(cfg)}
+    for e in _events(run) if run is not None else []:
+        if e.get("kind") == "context":
+            out[int(e["step"])] = RunContext(e.get("correctness"), dict(e.get("reward_weights") or {}),
+                                             int(e.get("max_staleness", 0)))
+    return out
 
 
-def replay(rows: list[dict[str, Any]], cfg: Any) -> tuple[list[Finding], list[Any]]:
+def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None) -> tuple[list[Finding], list[Any]]:
     """Findings of every step and the final diagnosis, re-computed from metrics rows."""
     from tether.health.monitor import HealthMonitor
 
     mon = HealthMonitor(cfg, rd=None, watchdog=False)
-    ctx = _context(cfg, rows)
+    contexts = _contexts(cfg, run)
     lg = logging.getLogger("tether.health")
     level = lg.level
     lg.setLevel(logging.ERROR)  # a replay reports once, at the end
     try:
         for row in rows:
-            mon.run_detectors(int(row["step"]), row, ctx)
+            step = int(row["step"])
+            ctx = contexts[max(k for k in contexts if k <= step)]
+            mon.run_detectors(step, row, ctx)
     finally:
         lg.setLevel(level)
     episode = _episode(mon.findings)
@@ -96,7 +96,7 @@ def examine(run_dir: str | Path) -> dict[str, Any]:
     run = Path(run_dir)
     rows = _load_rows(run)
     cfg = _load_config(run)
-    findings, hyps = replay(rows, cfg)
+    findings, hyps = replay(rows, cfg, run)
     by_det: dict[str, dict[str, Any]] = {}
     for f in findings:
         d = by_det.setdefault(f.detector, {"detector": f.detector, "mode": f.mode, "first_step": f.step, "since": f.since,

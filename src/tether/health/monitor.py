@@ -80,6 +80,7 @@ class HealthMonitor:
         self.halted: str | None = None
         self.overhead_s = 0.0
         self._prev_tasks: list[str] = []
+        self._ctx: RunContext | None = None
         self._unactionable: set[str] = set()
         self._tried = 0
         self.watchdog = Watchdog(hc.watchdog_timeout_s, rd) if hc.watchdog_timeout_s and watchdog else None
@@ -105,7 +106,12 @@ class HealthMonitor:
         step = int(st.step)
         metrics.update(compute_trajectory_stats(groups, self._prev_tasks))
         self._prev_tasks = [g.task_id for g in groups]
-        findings = self.run_detectors(step, metrics, build_context(cfg))
+        ctx = build_context(cfg)
+        if ctx != self._ctx:  # recorded so that `tether doctor` replays with the same reward weights
+            self._ctx = ctx
+            self._write({"kind": "context", "step": step, "correctness": ctx.correctness,
+                         "reward_weights": ctx.reward_weights, "max_staleness": ctx.max_staleness})
+        findings = self.run_detectors(step, metrics, ctx)
         metrics["health/alarms"] = float(len(findings))
         metrics["health/critical"] = float(sum(f.severity == "critical" for f in findings))
         if self.mode != "auto":

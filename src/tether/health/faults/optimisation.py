@@ -84,7 +84,7 @@ class EntropyBonus(Fault):
 
     name, family, cause, seam = "entropy_bonus", "optimisation", "entropy_explosion", "loss"
     remediable = True  # a KL anchor / smaller steps hold the policy near the reference
-    severities = {"subtle": {"coef": 0.03}, "obvious": {"coef": 0.15}}
+    severities = {"subtle": {"coef": 0.07}, "obvious": {"coef": 0.15}}
 
     def begin_step(self, st, cfg, step):
         if not getattr(self, "_done", False):

@@ -6,6 +6,7 @@ import copy
 import os
 import random
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,6 +15,13 @@ import numpy as np
 import torch
 
 from tether.config import TetherConfig
+
+try:  # transformers' "Writing model shards" bars would flood the logs at every checkpoint
+    from transformers.utils import logging as _hf_logging
+
+    _hf_logging.disable_progress_bar()
+except ImportError:  # pragma: no cover
+    pass
 from tether.policy.hf import HFPolicy, load_policy, make_policy
 from tether.tasks import demonstration, load_jsonl, make_splits
 
@@ -116,6 +124,16 @@ def progress_bar(total: int, description: str, enabled: bool = True, start: int 
     """A rich progress bar; `update(step, **fields)` advances it and shows reward/step time."""
     if not enabled:
         yield lambda *a, **k: None
+        return
+    if not sys.stdout.isatty():  # CI logs, pipes: a plain line every ~5% of the work
+        every = max(1, total // 20)
+
+        def plain(step: int, **fields: float) -> None:
+            if step % every == 0 or step == total:
+                info = "  ".join(f"{k}={v:.3g}" for k, v in fields.items())
+                print(f"[{description}] {step}/{total}  {info}", flush=True)
+
+        yield plain
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 

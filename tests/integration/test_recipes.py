@@ -75,3 +75,20 @@ def test_raising_reward_is_counted_and_masked(tmp_path, monkeypatch):
     assert sum(r["reward/error_count"] for r in steps) > 0
     assert all(r["reward/masked_invalid"] == r["reward/error_count"] for r in steps)
     assert all(r["pg_loss"] == r["pg_loss"] for r in steps)  # finite (not NaN)
+
+
+def test_eval_command_on_a_run_and_bf16_autocast(tmp_path):
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    cfg = load_config(None, TINY + ["data.task=reverse", "data.train_size=16", "data.eval_size=4", "train.steps=1",
+                                    "rollout.problems_per_step=2", "rollout.n=2", "rollout.sampling.max_new_tokens=4",
+                                    "eval.sampling.max_new_tokens=4", "reward.isolation=inline", "model.autocast_bf16=true"])
+    summary = run_rl(cfg, tmp_path / "run")
+    assert summary["nonfinite_steps"] == 0
+    r = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "eval.samples=4"])
+    assert r.exit_code == 0, r.output
+    out = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert out["model"].endswith("step_000001")
+    assert 0.0 <= out["metrics"]["eval/pass@1"] <= 1.0 and "eval/pass@4" in out["metrics"]

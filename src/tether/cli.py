@@ -64,52 +64,47 @@ def _known_errors():
             TemplateError)
 
 
+def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool) -> None:
+    """Shared body of `train` and `sft`: validate, pick the run dir, run, summarise."""
+    _offline_env()
+    cfg = _load(config, overrides)
+    if resume and run_dir is None:
+        fail("--resume needs --run-dir DIR (the run to continue)")
+    rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
+    typer.echo(f"run directory: {rd}")
+    try:
+        if kind == "sft":
+            from tether.recipes.sft import run_sft
+
+            _, summary = run_sft(cfg, rd, resume=resume)
+        else:
+            from tether.recipes.rl import run_rl
+
+            summary = run_rl(cfg, rd, resume=resume)
+    except _known_errors() as err:
+        fail(str(err), 1)
+    _print_summary(summary)
+    typer.echo(f"run directory: {rd}")
+
+
+CONFIG_ARG = typer.Argument(..., help="YAML config (see configs/)")
+OVERRIDES_ARG = typer.Argument(None, help="key.path=value overrides")
+RUN_DIR_OPT = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>")
+RESUME_OPT = typer.Option(False, "--resume", help="continue from the run directory's latest checkpoint")
+
+
 @app.command()
-def train(
-    config: Path = typer.Argument(..., help="YAML config (see configs/)"),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the run directory's latest checkpoint"),
-) -> None:
+def train(config: Path = CONFIG_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
+          run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT) -> None:
     """Run RL (GRPO by default) from a config."""
-    _offline_env()
-    cfg = _load(config, overrides or [])
-    if resume and run_dir is None:
-        fail("--resume needs --run-dir DIR (the run to continue)")
-    rd = run_dir or default_run_dir(cfg.run.name)
-    typer.echo(f"run directory: {rd}")
-    from tether.recipes.rl import run_rl
-
-    try:
-        summary = run_rl(cfg, rd, resume=resume)
-    except _known_errors() as err:
-        fail(str(err), 1)
-    _print_summary(summary)
-    typer.echo(f"run directory: {rd}")
+    _run_recipe("rl", config, overrides or [], run_dir, resume)
 
 
 @app.command()
-def sft(
-    config: Path = typer.Argument(..., help="YAML config (see configs/)"),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the run directory's latest checkpoint"),
-) -> None:
+def sft(config: Path = CONFIG_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
+        run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT) -> None:
     """Supervised fine-tuning on demonstrations (cold start); writes final_model/."""
-    _offline_env()
-    cfg = _load(config, overrides or [])
-    if resume and run_dir is None:
-        fail("--resume needs --run-dir DIR (the run to continue)")
-    rd = run_dir or default_run_dir(cfg.run.name + "-sft")
-    typer.echo(f"run directory: {rd}")
-    from tether.recipes.sft import run_sft
-
-    try:
-        _, summary = run_sft(cfg, rd, resume=resume)
-    except _known_errors() as err:
-        fail(str(err), 1)
-    _print_summary(summary)
-    typer.echo(f"run directory: {rd}")
+    _run_recipe("sft", config, overrides or [], run_dir, resume)
 
 
 @app.command()
@@ -136,16 +131,17 @@ def demo(
 
 @app.command("eval")
 def eval_cmd(
-    target: Path = typer.Argument(..., help="a run directory (its latest checkpoint) or a YAML config"),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
+    target: Path = typer.Argument(..., help="a run directory (its latest checkpoint), a checkpoint directory, or a YAML config"),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides, e.g. eval.samples=16 eval.best_of=reward"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write eval.json (default: the run dir)"),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="write plots/eval_tts.png (pass@k, maj@k, best@k vs k)"),
 ) -> None:
-    """Held-out pass@k and greedy accuracy of a run's latest checkpoint or a config's model."""
+    """Held-out pass@k, maj@k, best@k (k = 1..eval.samples) and greedy accuracy -> eval.json."""
     _offline_env()
     from tether.recipes.evaluate import run_eval_command
 
     try:
-        metrics, path = run_eval_command(target, overrides or [], out)
+        metrics, path = run_eval_command(target, overrides or [], out, plot=plot)
     except _known_errors() as err:
         fail(str(err), 1)
     for k, v in sorted(metrics.items()):

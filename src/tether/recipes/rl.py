@@ -38,7 +38,7 @@ from tether.health import build_faults, build_health, compute_advantage_alignmen
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
-from tether.io.sinks import build_sinks
+from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, ValueModel
 from tether.recipes.common import (
@@ -69,6 +69,7 @@ class RLState:
         self.update = UpdateState(kl_coef=a.kl.coef)
         self.step = 0
         self.faults = build_faults(cfg.health.inject, self, cfg, cfg.run.seed)  # faultbench seams; else identity
+        self.dp = None  # data-parallel trainer group (tether.dist.trainer); None: this process alone
 
     def extra_state(self) -> dict[str, Any]:
         return {
@@ -171,16 +172,18 @@ def compute_greedy_baseline(st: RLState, cfg: TetherConfig, groups: list[Traject
     return torch.tensor([g.trajectories[0].reward.total for g in greedy], dtype=torch.float32)
 
 
-def run_rl_step(st: RLState, cfg: TetherConfig) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+    """One RL step; `collect(st, cfg) -> (groups, metrics)` is the rollout side (recipes/rl_async.py swaps it)."""
     t0 = time.perf_counter()
-    groups, metrics = collect_groups(st, cfg)
+    groups, metrics = collect(st, cfg)
     rewards = [t.reward.total for g in groups for t in g.trajectories]
     t1 = time.perf_counter()
     batch, bm = make_train_batch(st, cfg, groups)
     metrics.update(bm)
     t2 = time.perf_counter()
     um = run_update(st.policy, st.optimizer, st.scheduler, batch, cfg.algo, cfg.train, cfg.rollout.sampling.temperature,
-                    st.update, st.ref, st.critic, st.generator, cfg.algo.agg.max_len or cfg.rollout.sampling.max_new_tokens)
+                    st.update, st.ref, st.critic, st.generator, cfg.algo.agg.max_len or cfg.rollout.sampling.max_new_tokens,
+                    dp=st.dp)
     metrics.update(um)
     st.policy.version += 1
     a = cfg.algo
@@ -223,7 +226,8 @@ def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -
     return m
 
 
-def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None) -> dict[str, Any]:
+def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
+           collect=collect_groups) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
@@ -237,35 +241,32 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     if ckpt is not None:
         st.load_extra_state(load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
         rd.truncate_metrics_after(st.step)
-    sinks = build_sinks(rd, cfg.logging, cfg)
+    sinks = MultiSink(build_sinks(rd, cfg.logging, cfg))
     st.health = build_health(cfg, rd, st)  # detect, diagnose, repair (tether.health); health.mode=off: no-op
     if ckpt is None:
         first_eval = _evaluate(st, cfg, rd, held_out, st.step)
-        for s in sinks:
-            s.log(0, first_eval)
+        sinks.log(0, first_eval)
         last_eval = dict(first_eval)
     else:  # evaluations so far are in metrics.jsonl (step 0 = the starting policy)
         evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rd.read_metrics() if "eval/pass@1" in r]
         first_eval, last_eval = (evals[0], evals[-1]) if evals else ({}, {})
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop:
-            metrics, groups = run_rl_step(st, cfg)
+            metrics, groups = run_rl_step(st, cfg, collect)
             st.step += 1
             if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
                 metrics.update(last_eval)
             if st.health.observe(st, cfg, metrics, groups):  # adds health/* metrics; True: auto mode halted
                 stop.requested = True
-            for s in sinks:
-                s.log(st.step, metrics)
+            sinks.log(st.step, metrics)
             if cfg.logging.samples_per_step:
                 rd.write_samples(st.step, _sample_rows(groups, cfg.logging.samples_per_step))
             bar(st.step, reward=metrics["reward/mean"], acc=metrics.get("accuracy", float("nan")), s=metrics["time/step"])
             if (cfg.checkpoint.every and st.step % cfg.checkpoint.every == 0) or stop:
                 save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
     save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
-    for s in sinks:
-        s.close()
+    sinks.close()
     st.health.close()
     rows = rd.read_metrics()
     plot_metrics(rows, rd.plots_dir)

@@ -25,7 +25,7 @@ from tether.envs import is_env_task
 from tether.envs.training import build_env_demo_records
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.run_dir import make_run_dir
-from tether.io.sinks import build_sinks
+from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, compute_logprobs
 from tether.recipes.common import graceful_interrupt, progress_bar, seed_everything, setup_policy, setup_problems
@@ -37,7 +37,8 @@ def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[
     """prompt + completion + stop token, loss on the completion (and the stop token); for an
     environment task, the scripted expert's conversation with the loss on assistant turns only."""
     if is_env_task(cfg.data.task):
-        return build_env_demo_records(policy, problems, cfg.env.max_turns)
+        return build_env_demo_records(policy, problems, cfg.env.max_turns, cfg.sft.demo_noise,
+                                      random.Random(cfg.run.seed), cfg.env.context)
     tok, eos = policy.tokenizer, policy.stop_ids[0]
     if getattr(tok, "eos_token_id", None) in policy.stop_ids:
         eos = tok.eos_token_id
@@ -76,7 +77,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
         stream.load_state_dict(extra["data"])
         start = int(extra["step"])
         rd.truncate_metrics_after(start)
-    sinks = build_sinks(rd, cfg.logging)
+    sinks = MultiSink(build_sinks(rd, cfg.logging, cfg))
     losses: list[float] = []
     step = start
     with graceful_interrupt() as stop, progress_bar(cfg.sft.steps, "SFT", cfg.logging.progress, start) as bar:
@@ -86,8 +87,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
             loss = _sft_step(policy, optimizer, scheduler, batch, cfg)
             losses.append(loss)
             metrics = {"sft/loss": loss, "lr": optimizer.param_groups[0]["lr"], "time/step": time.perf_counter() - t0}
-            for s in sinks:
-                s.log(step, metrics)
+            sinks.log(step, metrics)
             bar(step, loss=loss)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or stop:
                 save_checkpoint(rd, step, model, policy.tokenizer, optimizer, scheduler,
@@ -97,8 +97,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     final = rd.root / "final_model"
     model.save_pretrained(str(final), safe_serialization=True)
     policy.tokenizer.save_pretrained(str(final))
-    for s in sinks:
-        s.close()
+    sinks.close()
     summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,
                "final_model": str(final), "wall_seconds": time.perf_counter() - t_start, "interrupted": bool(stop)}
     rd.write_summary(summary)

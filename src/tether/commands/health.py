@@ -23,7 +23,7 @@ def _seeds(text: str) -> list[int]:
 
 
 SMOKE = {"faults": ["lr_spike", "group_mixing"], "severities": ("obvious",), "seeds": [0], "healthy_seeds": [0],
-         "steps": 26, "start": 11}
+         "steps": 26, "start": 13}
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         severity: Optional[List[str]] = typer.Option(None, "--severity", help="subtle and/or obvious (default: both)"),
         seeds: str = typer.Option("0,1", help="seeds of the faulty runs, e.g. 0,1 or 0-2"),
         healthy_seeds: str = typer.Option("0-9", help="seeds of the healthy control runs"),
-        steps: int = typer.Option(45, help="RL steps per run"),
+        steps: int = typer.Option(40, help="RL steps per run"),
         start: int = typer.Option(15, help="step at which faults start"),
         workers: int = typer.Option(2, help="runs in parallel (one thread each)"),
         smoke: bool = typer.Option(False, "--smoke", help="a 2-fault, 1-seed subset for tests (~1 minute)"),

@@ -3,7 +3,7 @@ measure detection, diagnosis and remediation; healthy control runs over several 
 false alarms and the harm of auto mode.
 
 The base run (`BASE`): a 2-layer, 128-wide Llama built locally, SFT warm start on one-digit
-arithmetic (+, -, *), then GRPO for `steps` steps with 32 problems x 8 samples per step. The SFT
+arithmetic (+, -, *), then GRPO for `steps` (40) steps with 32 problems x 8 samples per step. The SFT
 model is built once per benchmark and shared. Faults start at `start`; steps before it form the
 baseline window. Each (fault, severity, seed) runs twice: `advise` (detect + diagnose only) and
 `auto` (also repair); each healthy seed likewise.
@@ -16,8 +16,9 @@ Scores (results.json):
   recall_obvious / recall_subtle   advise runs with a finding at or after the fault's start step
   false_alarm_rate                 healthy advise runs with any finding
   steps_to_detect_median           first finding step - start step, over detected runs
-  diagnosis_top1 / _top3           the injected cause among the top 1 / 3 hypotheses at the first
-                                   critical finding (or the last diagnosis), over detected runs
+  diagnosis_top1 / _top3           the injected cause among the top 1 / 3 hypotheses of the monitor's
+                                   decision (critical finding, same top cause two steps running; else
+                                   its last diagnosis), over detected runs
   diagnosis_family_top1            the same at the family level
   remediation_success              remediable faults whose damage (healthy - advise outcome >=
                                    delta) auto mode recovered by at least half, running to the end
@@ -46,7 +47,7 @@ BASE = [
     "rollout.n=8", "rollout.problems_per_step=32", "rollout.sampling.max_new_tokens=6",
     "algo.mini_batches=2", "train.lr=1e-3", "train.max_bad_steps=8",
     "sft.steps=150", "sft.lr=3e-3", "sft.batch_size=32",
-    "reward.isolation=inline", "eval.problems=60", "eval.samples=4", "checkpoint.every=0",
+    "reward.isolation=inline", "eval.problems=8", "eval.samples=1", "checkpoint.every=0",  # scored after the run
     "logging.tensorboard=false", "logging.progress=false", "logging.samples_per_step=4", "run.threads=1",
 ]
 
@@ -137,9 +138,12 @@ def read_health_record(rd: Path, start: int) -> dict[str, Any]:
     after = [r for r in finds if r["step"] >= start]
     first = after[0] if after else None
     crit = next((r for r in after if r["severity"] == "critical"), None)
-    decide = crit["step"] if crit else (after[-1]["step"] if after else None)
-    diag = [r for r in rows if r.get("kind") == "diagnosis" and (decide is None or r["step"] <= decide)]
-    hyps = diag[-1]["hypotheses"] if diag else []
+    decision = next((r for r in rows if r.get("kind") == "decision" and r["step"] >= start), None)
+    if decision is not None:  # the diagnosis the monitor stood by (what auto mode acts on)
+        hyps = decision["hypotheses"]
+    else:  # none: the last diagnosis while the fault was active
+        diag = [r for r in rows if r.get("kind") == "diagnosis" and r["step"] >= start]
+        hyps = diag[-1]["hypotheses"] if diag else []
     return {
         "alarms_before_start": len(before),
         "first_alarm_step": first["step"] if first else None,
@@ -161,7 +165,7 @@ def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int
 
 
 def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str, ...] = ("subtle", "obvious"),
-              seeds: list[int] | None = None, healthy_seeds: list[int] | None = None, steps: int = 45, start: int = 15,
+              seeds: list[int] | None = None, healthy_seeds: list[int] | None = None, steps: int = 40, start: int = 15,
               workers: int = 2, extra: list[str] | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the benchmark into `out` (cases.jsonl, results.json); finished cases are reused."""
     from tether.health.faults import load_fault_plugins

@@ -28,16 +28,20 @@ class RewardHackingDetector(Detector):
     reward rises while held-out accuracy falls."""
 
     name, mode = "reward_hacking", "reward_hacking"
-    defaults = {"paid_wrong": 0.15, "share": 0.25, "reward_z": 3.0, "eval_drop": 0.1}
+    defaults = {"paid_wrong": 0.05, "paid_wrong_z": 6.0, "share": 0.25, "reward_z": 3.0, "eval_drop": 0.1}
 
     def evaluate(self, h, ctx):
         base_w = h.baseline("health/reward_incorrect_mean", abs_floor=0.01)
+        base_c = h.baseline("health/reward_correct_mean", abs_floor=0.01)
         w = _recent_mean(h, "health/reward_incorrect_mean", 2)
         base_r, r = h.baseline("reward/mean", abs_floor=0.01), _recent_mean(h, "reward/mean", 3)
         base_a, a = h.baseline("accuracy", abs_floor=0.01), _recent_mean(h, "accuracy", 3)
         rising = base_r is not None and r is not None and r > base_r.median + self.p["reward_z"] * base_r.scale
-        if base_w is not None and w is not None and w > base_w.median + self.p["paid_wrong"]:
-            level = 2 if rising or w > base_w.median + 2 * self.p["paid_wrong"] else 1
+        # the reward gap between correct and incorrect samples sets the scale of "paid more"
+        gap = max(abs(base_c.median - base_w.median), 0.1) if base_c is not None and base_w is not None else 1.0
+        bar = max(self.p["paid_wrong"] * gap, self.p["paid_wrong_z"] * base_w.scale) if base_w is not None else 0.0
+        if base_w is not None and w is not None and w > base_w.median + bar:
+            level = 2 if rising or w > base_w.median + 4 * bar else 1
             return level, f"incorrect samples are paid {w:.3g} on average (baseline {base_w.median:.3g})", {
                 "health/reward_incorrect_mean": _ev(w, base_w), "rule": "paid_wrong"}
         if ctx.reward_weights and len(ctx.reward_weights) > 1 and len(h.rows) > 1:
@@ -208,7 +212,16 @@ class LogpGapDetector(Detector):
             hi = max(base.median * self.p["factor"], base.median + self.p["z"] * base.scale, self.p["floor"])
             if x > hi:
                 level = 2 if x > 10 * hi else 1
-                return level, f"rollout/trainer |dlogp| {x:.3g} vs baseline {base.median:.3g}", {"logp_gap_mean": _ev(x, base)}
+                ev = {"logp_gap_mean": _ev(x, base)}
+                # sawtooth: the gap falls back to the baseline on some steps and grows in between, the
+                # signature of weights that arrive only now and then (a sync that silently skips)
+                recent = h.values("logp_gap_mean", 8)
+                first_high = next((i for i, v in enumerate(recent) if v > hi), len(recent))
+                dips = [v for v in recent[first_high:] if v <= hi]
+                if dips and sum(v > hi for v in recent) >= 3:
+                    ev["rule"] = "sawtooth"
+                return level, f"rollout/trainer |dlogp| {x:.3g} vs baseline {base.median:.3g}" + (
+                    " (falls back to baseline between syncs)" if dips else ""), ev
         base, x = h.baseline("ess", abs_floor=1e-3), finite(h.latest("ess"))
         if base is not None and x is not None and x < base.median - max(self.p["ess_drop"], 8 * base.scale):
             return 1, f"importance-weight ESS {x:.2f} vs baseline {base.median:.2f}", {"ess": _ev(x, base)}

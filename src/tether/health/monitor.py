@@ -74,6 +74,9 @@ class HealthMonitor:
         self.findings: list[Finding] = []
         self._active: dict[str, str] = {}  # detector -> severity last reported
         self.diagnosis: list[Hypothesis] = []
+        self.decided = False
+        self.decision: dict[str, Any] | None = None
+        self.decisions: list[dict[str, Any]] = []
         self.actions: list[dict[str, Any]] = []
         self.snapshots: list[Snapshot] = []
         self.trial: dict[str, Any] | None = None
@@ -83,6 +86,8 @@ class HealthMonitor:
         self._ctx: RunContext | None = None
         self._unactionable: set[str] = set()
         self._tried = 0
+        self._tried_for: dict[str, list[str]] = {}
+        self._given_up: dict[str, str] = {}  # cause -> why no repair is left (halts if accuracy regresses)
         self.watchdog = Watchdog(hc.watchdog_timeout_s, rd) if hc.watchdog_timeout_s and watchdog else None
 
     # ------------------------------------------------------------------ observe
@@ -139,6 +144,7 @@ class HealthMonitor:
                 log.warning("step %d: %s [%s] since step %d: %s (docs/health/%s.md)", step, f.detector, f.severity,
                             f.since, f.message, f.mode)
         self._active = {f.detector: f.severity for f in found}
+        self.decided = False
         if found:
             self.history.exclude([step])
             self.findings.extend(found)
@@ -148,11 +154,20 @@ class HealthMonitor:
     def _diagnose(self, step: int) -> None:
         recent = [f for f in self.findings if f.step > step - 10]
         hyps = diagnose(recent)
-        if hyps and (not self.diagnosis or hyps[0].cause != self.diagnosis[0].cause):
+        previous = self.diagnosis[0].cause if self.diagnosis else None
+        if hyps and hyps[0].cause != previous:
             self._write({"kind": "diagnosis", "step": step, "hypotheses": [h.to_json() for h in hyps[:3]]})
             log.warning("step %d: likely cause: %s (%s, confidence %.0f%%)", step, hyps[0].title, hyps[0].family,
                         100 * hyps[0].confidence)
         self.diagnosis = hyps
+        # the diagnosis the monitor stands by: a critical finding, and the same top cause two steps running
+        self.decided = bool(hyps) and hyps[0].cause == previous and any(
+            f.severity == "critical" and f.step == step for f in recent)
+        if self.decided and (self.decision is None or self.decision["cause"] != hyps[0].cause):
+            self.decision = {"kind": "decision", "step": step, "since": hyps[0].since, "cause": hyps[0].cause,
+                             "family": hyps[0].family, "hypotheses": [h.to_json() for h in hyps[:3]]}
+            self.decisions.append(self.decision)
+            self._write(self.decision)
 
     # ------------------------------------------------------------------ auto mode
 
@@ -162,44 +177,57 @@ class HealthMonitor:
         if not findings and step % self.hc.snapshot_every == 0 and self._clean_since(step - 2):
             self.snapshots = (self.snapshots + [take_snapshot(st, step)])[-3:]
         critical = [f for f in findings if f.severity == "critical"]
-        if not critical or not self.diagnosis:
+        if not critical or not self.decided:
             return False
         top = self.diagnosis[0]
-        if not top.actions:
-            if top.cause not in self._unactionable:
-                self._unactionable.add(top.cause)
-                self._write({"kind": "advice", "step": step, "cause": top.cause, "advice": top.advice,
-                             "message": "no safe automatic change for this cause; advising only"})
-            return False
         since = min(f.since for f in self.findings if f.step > step - 10)
-        if top.actions[0] == "halt" and not any(f.detector == "regression" for f in self.findings if f.step > step - 10):
-            # a bug no setting repairs: halting is only worth it once it costs accuracy
-            if top.cause not in self._unactionable:
-                self._unactionable.add(top.cause)
-                self._write({"kind": "advice", "step": step, "cause": top.cause, "advice": top.advice,
-                             "message": "needs a code/data fix; auto mode halts if accuracy regresses"})
+        if top.cause in self._given_up:  # no repair left: halt once the fault costs accuracy
+            if not self._regressed(step):
+                return False
+            snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None)
+            return self._halt(st, step, top, snap, self._given_up[top.cause] + "; accuracy regressed")
+        if top.cause in self._unactionable:
             return False
-        return self._start_trial(st, cfg, step, since, list(top.actions), top, critical)
+        tried = self._tried_for.setdefault(top.cause, [])
+        candidates = [a for a in top.actions if a not in tried]  # a change that was kept and did not last is not retried
+        return self._start_trial(st, cfg, step, since, candidates, top, critical)
+
+    def _regressed(self, step: int) -> bool:
+        return any(f.detector == "regression" for f in self.findings if f.step > step - 10)
+
+    def _give_up(self, st, step: int, hyp: Hypothesis, snap: Snapshot | None, why: str) -> bool:
+        """No (further) repair: halt at the last healthy weights if the fault costs accuracy, else
+        keep training and advise (halting a run that still learns would do more harm than good)."""
+        if self._regressed(step):
+            return self._halt(st, step, hyp, snap, why)
+        self._given_up[hyp.cause] = why
+        self._write({"kind": "advice", "step": step, "cause": hyp.cause, "advice": hyp.advice,
+                     "message": f"{why}; accuracy has not regressed: training continues, halting if it does"})
+        log.warning("step %d: %s: %s; advising only", step, hyp.cause, why)
+        return False
 
     def _clean_since(self, step: int) -> bool:
         return not any(f.step >= step for f in self.findings[-20:])
 
     def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings) -> bool:
-        snap = next((s for s in reversed(self.snapshots) if s.step < since), None)
+        # detection lags the onset: a snapshot taken in the last step before `since` may already hold damage
+        snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None)
         evidence: dict[str, Any] = {}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
         while candidates:
             name = candidates.pop(0)
-            if name == "halt" or self._tried >= self.hc.max_actions:
-                return self._halt(st, step, hyp, snap, "the diagnosed cause needs a fix no setting can make"
-                                  if name == "halt" else f"{self._tried} repairs tried")
-            if snap is not None:
+            if name == "halt":
+                return self._give_up(st, step, hyp, snap, "the diagnosed cause needs a fix no setting can make")
+            if self._tried >= self.hc.max_actions:
+                return self._give_up(st, step, hyp, snap, f"{self._tried} repairs tried (health.max_actions)")
+            if snap is not None:  # first roll back (a KL anchor is taken from the restored weights)
                 do_rollback(st, snap)
             changes = ACTIONS[name].apply(st, cfg, evidence)
             if not changes:
                 continue
             self._tried += 1
+            self._tried_for.setdefault(hyp.cause, []).append(name)
             pre = self._window_before(since)
             self.trial = {"action": name, "start": step, "since": since, "snap": snap, "changes": changes,
                           "candidates": candidates, "hyp": hyp, "pre": pre, "evidence": evidence}
@@ -209,7 +237,12 @@ class HealthMonitor:
                 self.history.discard(range(since, step + 1))
             self._act("apply", step, name, hyp, changes, snap)
             return False
-        return self._halt(st, step, hyp, snap, "no applicable repair left")
+        if not hyp.actions:
+            self._unactionable.add(hyp.cause)
+            self._write({"kind": "advice", "step": step, "cause": hyp.cause, "advice": hyp.advice,
+                         "message": "no safe automatic change for this cause; advising only"})
+            return False
+        return self._give_up(st, step, hyp, snap, "no applicable repair left")
 
     def _window_before(self, since: int) -> list[float]:
         key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
@@ -226,8 +259,11 @@ class HealthMonitor:
         now = [v for r in self.history.rows if r["step"] > t["start"] and (v := finite(r.get(key))) is not None]
         pre = t["pre"]
         pre_mean = sum(pre) / len(pre) if pre else None
-        tol = 0.03 if len(pre) < 2 else max(0.03, 2 * (sum((x - pre_mean) ** 2 for x in pre) / (len(pre) - 1)) ** 0.5 / len(now) ** 0.5)
         now_mean = sum(now) / len(now) if now else None
+        tol = 0.03
+        if len(pre) >= 2 and now:  # two standard errors of the difference of the two window means
+            var = sum((x - pre_mean) ** 2 for x in pre) / (len(pre) - 1)
+            tol = max(tol, 2 * (var / len(pre) + var / len(now)) ** 0.5)
         worse = pre_mean is not None and now_mean is not None and now_mean < pre_mean - tol
         self.trial = None
         if not bad and not worse:
@@ -278,7 +314,8 @@ class HealthMonitor:
         return {
             "mode": self.mode, "healthy": not self.findings, "findings": len(self.findings),
             "first_alarm": None if first is None else {"step": first.step, "since": first.since, "detector": first.detector},
-            "diagnosis": [h.to_json() for h in self.diagnosis[:3]], "actions": self.actions, "halted": self.halted,
+            "diagnosis": [h.to_json() for h in self.diagnosis[:3]], "decision": self.decision, "actions": self.actions,
+            "halted": self.halted,
             "disabled": self.disabled, "overhead_s": self.overhead_s,
         }
 

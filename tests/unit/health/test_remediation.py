@@ -61,11 +61,11 @@ def test_lower_lr_repairs_an_lr_fault_and_is_kept():
     assert st.scheduler.base_lrs[0] == pytest.approx(3e-4)
 
 
-def test_failed_repairs_are_reverted_then_the_run_halts():
+def test_failed_repairs_are_reverted_then_training_goes_on_while_accuracy_holds():
     st, cfg = _state(), _cfg(max_actions=3)
     mon = HealthMonitor(cfg)
-    halted = _run(mon, st, cfg, 60, lambda st, step: step >= 15)  # nothing fixes it
-    assert halted is not None and mon.halted
+    halted = _run(mon, st, cfg, 60, lambda st, step: step >= 15)  # nothing fixes it, accuracy intact
+    assert halted is None and mon.halted is None
     events = [(a["event"], a["action"]) for a in mon.actions]
     assert events == [("apply", "lower_lr"), ("revert", "lower_lr"), ("apply", "lower_lr_x10"), ("revert", "lower_lr_x10"),
                       ("apply", "raise_kl"), ("revert", "raise_kl")]
@@ -73,6 +73,23 @@ def test_failed_repairs_are_reverted_then_the_run_halts():
     assert st.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
     assert cfg.algo.kl.coef == 0.0 and st.ref is None and st.update.kl_coef == 0.0
     assert cfg.algo.policy_loss.clip_low == 0.2
+    assert "lr_too_high" in mon._given_up
+
+
+def test_failed_repairs_halt_once_accuracy_regresses():
+    st, cfg = _state(), _cfg(max_actions=2)
+    mon = HealthMonitor(cfg)
+    rng = random.Random(0)
+    for step in range(1, 60):
+        st.step = step
+        row = healthy_row(step, rng)
+        if step >= 15:
+            row["grad_norm"] = 12.0
+        if step >= 35:
+            row["accuracy"] = row["reward/mean"] = 0.05
+        if mon.observe(st, cfg, row, []):
+            break
+    assert 35 < step < 40 and mon.halted and "regressed" in mon.halted
 
 
 def test_code_bug_halts_once_it_costs_accuracy_at_the_last_healthy_weights():
@@ -94,7 +111,7 @@ def test_code_bug_halts_once_it_costs_accuracy_at_the_last_healthy_weights():
             break
     assert 22 < step < 27 and "grouped with the wrong prompt" in mon.halted
     assert mon.actions == []
-    snap = max((s for s in mon.snapshots if s.step < 15), key=lambda s: s.step)
+    snap = max((s for s in mon.snapshots if s.step < 14), key=lambda s: s.step)  # before the onset, 1 step margin
     assert torch.equal(st.policy.model.weight.detach(), snap.model["weight"])  # the last healthy weights
 
 

@@ -80,7 +80,7 @@ class SlowReward(Fault):
     """Every reward call is delayed (an overloaded verifier or sandbox): steps stall."""
 
     name, family, cause, seam = "slow_reward", "system", "slow_component", "reward"
-    severities = {"subtle": {"delay": 0.004}, "obvious": {"delay": 0.02}}
+    severities = {"subtle": {"delay": 0.003}, "obvious": {"delay": 0.006}}
 
     def begin_step(self, st, cfg, step):
         comps = list(cfg.reward.components)

@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet $(TORCH_SPEC) -e ".[$(EXTRAS)]"
 	# bubblewrap is the strong backend of the code sandbox (envs/sandbox.py); best effort, never fatal.
 	-command -v bwrap >/dev/null || (command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1) || true
+	# Debian's chromium renders `tether report` pages in the headless screenshot test; best effort, never fatal.
+	-test -x /usr/bin/chromium || (command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1) || true
 	touch $(STAMP)
 
 demo: $(STAMP)

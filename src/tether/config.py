@@ -223,6 +223,10 @@ class EvalConfig(_Base):
     problems: int | None = Field(None, gt=0, description="held-out problems (default: all)")
     samples: int = Field(4, ge=1, description="samples per problem for pass@1 / pass@k")
     sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    best_of: str = Field(
+        "logprob", description="best@k selector: logprob (model confidence) | reward (the run's reward) | "
+        "verifier (correctness: = pass@k) | a reward function name or package.module:function (e.g. a reward model)",
+    )
 
 
 class CheckpointConfig(_Base):
@@ -240,7 +244,6 @@ class LoggingConfig(_Base):
 
 
 from tether.health.config import HealthConfig  # noqa: E402  (defined next to the health layer)
-from tether.dist.config import DistConfig, find_dist_problems  # noqa: E402  (next to tether.dist)
 
 
 class RunConfig(_Base):
@@ -291,7 +294,6 @@ class TetherConfig(_Base):
     logging: LoggingConfig = LoggingConfig()
     health: HealthConfig = HealthConfig()
     env: EnvConfig = EnvConfig()
-    dist: DistConfig = DistConfig()
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":
@@ -333,7 +335,6 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
             out.append(f"reward.correctness={cfg.reward.correctness!r} is not one of reward.components {names}")
     if cfg.data.task == "jsonl" and not cfg.data.path:
         out.append("data.task=jsonl needs data.path=<file.jsonl>")
-    out.extend(find_dist_problems(cfg))
     return out
 
 

@@ -1,4 +1,6 @@
-"""`tether eval`: evaluate a run's latest checkpoint (or a config's model) on held-out problems."""
+"""`tether eval`: evaluate a run's latest checkpoint, one checkpoint, or a config's model on
+held-out problems; writes eval.json (metrics, test-time-scaling curves, per-problem pass rates,
+samples) and plots/eval_tts.png (pass@k, maj@k, best@k against k)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from tether.config import TetherConfig, load_config
 from tether.eval.runner import run_eval
 from tether.io.checkpoint import find_latest_checkpoint
+from tether.io.run_dir import sanitize_json
 from tether.policy.hf import load_policy
 from tether.recipes.common import seed_everything, setup_problems
 
@@ -32,26 +35,50 @@ def find_model_dir(run: Path) -> Path:
     raise FileNotFoundError(f"{run}: no checkpoint and no final_model/ to evaluate")
 
 
-def run_eval_command(target: Path, overrides: list[str], out: Path | None = None) -> tuple[dict[str, Any], Path]:
-    """Evaluate and write eval.json (metrics plus what was evaluated); returns (metrics, path)."""
+def resolve_target(target: Path, overrides: list[str]) -> tuple[TetherConfig, Path, Path]:
+    """(config, model directory, default output directory) for a run directory (its latest
+    checkpoint), a model directory inside a run (`checkpoints/step_N/`, `final_model/`: the run's
+    config), or a YAML config whose `model.path` names the model."""
     target = Path(target)
+    if target.is_dir() and (target / "config.json").is_file():  # a Hugging Face model directory
+        for parent in target.parents:
+            if (parent / "config.yaml").is_file():
+                return load_config(parent / "config.yaml", overrides), target, parent
+        raise FileNotFoundError(f"{target}: a model directory outside any run (no config.yaml above it); "
+                                "pass a YAML config with model.path instead")
     if target.is_dir():
         run = resolve_run(target)
-        cfg: TetherConfig = load_config(run / "config.yaml", overrides)
-        model_dir = find_model_dir(run)
-        out_dir = out or run
-    else:
-        cfg = load_config(target, overrides)
-        if not cfg.model.path:
-            raise FileNotFoundError(f"{target}: model.path is not set; evaluate a run directory or set model.path=DIR")
-        model_dir, out_dir = Path(cfg.model.path), out or Path(".")
+        return load_config(run / "config.yaml", overrides), find_model_dir(run), run
+    cfg = load_config(target, overrides)
+    if not cfg.model.path:
+        raise FileNotFoundError(f"{target}: model.path is not set; evaluate a run directory or set model.path=DIR")
+    return cfg, Path(cfg.model.path), Path(".")
+
+
+def run_eval_command(target: Path, overrides: list[str], out: Path | None = None,
+                     plot: bool = True) -> tuple[dict[str, Any], Path]:
+    """Evaluate and write eval.json (metrics, curves, what was evaluated); returns (metrics, path)."""
+    cfg, model_dir, default_out = resolve_target(Path(target), overrides)
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
     policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     _, held_out = setup_problems(cfg)
+    extra: dict[str, Any] = {}
     metrics, rows = run_eval(policy, held_out, cfg.eval, cfg.reward, seed=cfg.run.seed + 17,
-                             batch_size=cfg.rollout.batch_size, chat=cfg.data.chat)
-    out_dir = Path(out_dir)
+                             batch_size=cfg.rollout.batch_size, chat=cfg.data.chat, curves_out=extra)
+    out_dir = Path(out or default_out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    plots = []
+    if plot:
+        from tether.io.plots import plot_eval_curve
+
+        named = {name + (f" ({extra['best_of']})" if name == "best@k" else ""): curve
+                 for name, curve in extra["curves"].items() if name != "mean@k"}
+        plots.append(str(plot_eval_curve(named, out_dir / "plots" / "eval_tts.png", title="test-time scaling",
+                                          ylabel="fraction of problems solved")))
+    payload = {"model": str(model_dir), "metrics": metrics, "best_of": extra["best_of"],
+               "sampling": cfg.eval.sampling.model_dump(), "samples_per_problem": cfg.eval.samples,
+               "curves": {name: {str(k): v for k, v in curve.items()} for name, curve in extra["curves"].items()},
+               "pass_rates": extra["pass_rates"], "plots": plots, "samples": rows[:50]}
     path = out_dir / "eval.json"
-    path.write_text(json.dumps({"model": str(model_dir), "metrics": metrics, "samples": rows[:50]}, indent=2))
+    path.write_text(json.dumps(sanitize_json(payload)[0], indent=2))
     return {"model": str(model_dir), **metrics}, path

@@ -1,0 +1,1 @@
+"""tether.report: self-contained HTML run reports and run comparisons."""

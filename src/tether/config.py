@@ -244,6 +244,7 @@ class LoggingConfig(_Base):
 
 
 from tether.health.config import HealthConfig  # noqa: E402  (defined next to the health layer)
+from tether.dist.config import DistConfig, find_dist_problems  # noqa: E402  (next to tether.dist)
 
 
 class RunConfig(_Base):
@@ -294,6 +295,7 @@ class TetherConfig(_Base):
     logging: LoggingConfig = LoggingConfig()
     health: HealthConfig = HealthConfig()
     env: EnvConfig = EnvConfig()
+    dist: DistConfig = DistConfig()
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":
@@ -335,6 +337,7 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
             out.append(f"reward.correctness={cfg.reward.correctness!r} is not one of reward.components {names}")
     if cfg.data.task == "jsonl" and not cfg.data.path:
         out.append("data.task=jsonl needs data.path=<file.jsonl>")
+    out.extend(find_dist_problems(cfg))
     return out
 
 

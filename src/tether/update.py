@@ -166,8 +166,15 @@ def run_update(
     critic: ValueModel | None = None,
     generator: torch.Generator | None = None,
     max_len: int | None = None,
+    dp=None,
 ) -> dict[str, float]:
-    """M epochs over `batch`, `algo.mini_batches` optimizer steps per epoch. Returns metrics."""
+    """M epochs over `batch`, `algo.mini_batches` optimizer steps per epoch. Returns metrics.
+
+    `dp` (tether.dist.trainer.DataParallel): data-parallel ranks receive the batch from rank 0, run
+    disjoint micro-batches and sum gradients — exact, because losses use global denominators.
+    """
+    if dp is not None:
+        batch = dp.begin(batch, generator, state)
     fused = algo.epochs == 1 and algo.mini_batches == 1
     old_all = None if fused else compute_batch_logprobs(policy, batch, temperature, train.micro_batch_tokens)
     ref_all = None
@@ -183,7 +190,8 @@ def run_update(
             norm = compute_agg_norm(mini.loss_mask_BT, max_len)
             optimizer.zero_grad(set_to_none=True)
             lengths = mini.attention_mask_BT.sum(-1).tolist()
-            for idx in split_by_token_budget(lengths, train.micro_batch_tokens):
+            micro = split_by_token_budget(lengths, train.micro_batch_tokens)
+            for idx in micro if dp is None else dp.shard(micro, lengths):
                 rows = torch.tensor(idx)
                 mb = _trim(mini.select(rows))
                 T = mb.input_ids_BT.shape[1]
@@ -193,7 +201,11 @@ def run_update(
                 loss.backward()
                 acc.add(m, float(mb.loss_mask_BT.sum()))
             acc.end_minibatch()
+            if dp is not None:
+                dp.reduce_grads(params)
             grad_norms.append(_step(optimizer, scheduler, params, train, state))
+    if dp is not None:
+        dp.reduce_metrics(acc)
     out = acc.result()
     finite = [g for g in grad_norms if g == g]  # NaN marks a skipped step
     out["grad_norm"] = sum(finite) / len(finite) if finite else float("nan")

@@ -123,7 +123,12 @@ def run_generate(
     batch_size: int = 256,
     greedy: bool = False,
 ) -> list[Sample]:
-    """Sample one continuation per prompt (batched, KV cache). See module docstring."""
+    """Sample one continuation per prompt (batched, KV cache). See module docstring.
+
+    Another backend (tether.policy.vllm.VLLMPolicy) is any object with this method: it generates.
+    """
+    if not isinstance(policy, HFPolicy) and hasattr(policy, "generate"):
+        return policy.generate(prompts, sampling, generator, batch_size=batch_size, greedy=greedy)
     out: list[Sample] = []
     for start in range(0, len(prompts), batch_size):
         out.extend(_generate_batch(policy, prompts[start:start + batch_size], sampling, generator, greedy))

@@ -1,0 +1,47 @@
+"""CLI: `tether train-async CONFIG` (recipes/rl_async.py) and `tether dist-preflight CONFIG` (tether.dist)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    from tether import cli
+
+    @app.command("train-async")
+    def train_async(config: Path = cli.CONFIG_ARG, overrides: Optional[List[str]] = cli.OVERRIDES_ARG,
+                    run_dir: Optional[Path] = cli.RUN_DIR_OPT, resume: bool = cli.RESUME_OPT) -> None:
+        """Asynchronous RL on Ray: rollout workers generate while the trainer updates (docs/distributed.md)."""
+        cli._offline_env()
+        cfg = cli._load(config, overrides or [])
+        if resume and run_dir is None:
+            cli.fail("--resume needs --run-dir DIR (the run to continue)")
+        rd = run_dir or cli.default_run_dir(cfg.run.name + "-async")
+        typer.echo(f"run directory: {rd}")
+        from tether.dist.cluster import PreflightError
+        from tether.dist.controller import SyncError
+        from tether.recipes.rl_async import run_rl_async
+
+        try:
+            summary = run_rl_async(cfg, rd, resume=resume)
+        except cli._known_errors() + (PreflightError, SyncError) as err:
+            cli.fail(str(err), 1)
+        cli._print_summary(summary)
+        typer.echo(f"run directory: {rd}")
+
+    @app.command("dist-preflight")
+    def dist_preflight(config: Path = cli.CONFIG_ARG, overrides: Optional[List[str]] = cli.OVERRIDES_ARG) -> None:
+        """Check the dist: request against the Ray cluster (dist.ray_address, or a local instance)."""
+        cfg = cli._load(config, overrides or [])
+        from tether.dist.cluster import PreflightError, compute_bundles, list_node_resources, start_cluster
+
+        try:
+            with start_cluster(cfg.dist):
+                nodes = list_node_resources()
+        except PreflightError as err:
+            cli.fail(str(err), 1)
+        typer.echo(f"ok: {len(compute_bundles(cfg.dist))} bundles fit on {len(nodes)} node(s): "
+                   + "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes))

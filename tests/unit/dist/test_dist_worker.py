@@ -1,0 +1,123 @@
+"""The rollout worker in-process (no Ray): the weight-sync handshake, admission, cross-policy
+log-probs, turn-level partial rollouts, and the merging of shard metrics."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from tether.config import load_config
+from tether.dist.weights import compute_checksum, make_model_bundle, to_numpy_state
+from tether.dist.worker import Order, RolloutWorker, StaleWorkerError, merge_metrics
+from tether.policy.hf import compute_logprobs
+
+PROBE = [3, 17, 5, 9, 12, 4, 8]
+
+
+def _trainer_copy(policy):
+    return dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+
+
+def _probe(policy):
+    ids = torch.tensor([PROBE])
+    with torch.no_grad():
+        return compute_logprobs(policy, ids, torch.ones_like(ids), 1.0)[0][0, 1:]
+
+
+def _train_step(trainer, version):
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    trainer.version = version
+    arrays = to_numpy_state(trainer.model.state_dict())
+    return arrays, compute_checksum(arrays)
+
+
+def test_handshake_log_probs_follow_the_new_weights(tiny):
+    cfg, train, policy = tiny
+    trainer = _trainer_copy(policy)
+    w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
+    before = torch.tensor(w.score_probe(PROBE))
+    assert torch.allclose(before, _probe(trainer), atol=1e-6)
+    arrays, checksum = _train_step(trainer, 1)
+    assert (torch.tensor(w.score_probe(PROBE)) - _probe(trainer)).abs().max() > 1e-3  # stale until synced
+    ack = w.load_weights(1, arrays, checksum, PROBE)
+    assert ack["ok"] and ack["version"] == 1 and ack["checksum"] == checksum
+    assert (torch.tensor(ack["probe_logprobs"]) - _probe(trainer)).abs().max() < 1e-5  # follows the new weights
+    assert (torch.tensor(ack["probe_logprobs"]) - before).abs().max() > 1e-3
+
+
+def test_a_bad_checksum_keeps_the_old_version_and_orders_are_refused(tiny):
+    cfg, train, policy = tiny
+    trainer = _trainer_copy(policy)
+    w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
+    arrays, _ = _train_step(trainer, 1)
+    ack = w.load_weights(1, arrays, "0" * 16, PROBE)  # what arrived is not what was sent
+    assert not ack["ok"] and ack["version"] == 0 and "checksum" in ack["error"]
+    order = Order(1, 0, train[:2], cfg, min_version=1, meta={"per_round": 2})
+    with pytest.raises(StaleWorkerError, match="holds version 0"):
+        w.run_order(order)
+    res = w.run_order(dataclasses.replace(order, min_version=0))
+    assert len(res["groups"]) == 2 and all(t.turns[0].policy_version == 0 for g in res["groups"] for t in g.trajectories)
+
+
+def test_cross_policy_log_probs_come_from_the_policy_that_acted(tiny, tiny_overrides):
+    _, train, policy = tiny
+    cfg = load_config(None, tiny_overrides + ["dist.cross_policy.pool_size=1", "dist.cross_policy.rule=uniform",
+                                    "dist.correction=tis"])
+    trainer = _trainer_copy(policy)
+    old = _trainer_copy(trainer)
+    w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=3)
+    arrays, checksum = _train_step(trainer, 1)
+    assert w.load_weights(1, arrays, checksum)["ok"]
+    seen = set()
+    for i in range(8):
+        res = w.run_order(Order(1, 0, train[2 * i:2 * i + 2], cfg, 1, meta={"per_round": 2}))
+        actor = {0: old, 1: trainer}[res["acting_version"]]
+        seen.add(res["acting_version"])
+        for g in res["groups"]:
+            for t in g.trajectories:
+                turn = t.turns[0]
+                assert turn.policy_version == res["acting_version"]
+                ids = torch.tensor([list(turn.context_ids) + list(turn.action_ids)])
+                lp = compute_logprobs(actor, ids, torch.ones_like(ids), cfg.rollout.sampling.temperature)[0][0]
+                n = len(turn.action_ids)
+                assert torch.allclose(lp[-n:], torch.tensor(turn.action_logprobs), atol=1e-4)
+    assert seen == {0, 1}
+
+
+def test_partial_rollouts_park_and_record_the_version_switch_per_turn(tiny_overrides, tmp_path):
+    import tests.integration.dist_stubs  # noqa: F401  (registers the fixed-length environment)
+    from tether.recipes.common import setup_policy, setup_problems
+
+    cfg = load_config(None, tiny_overrides + ["data.task=_test_turns", "data.task_kwargs={turns: 3}", "env.max_turns=6",
+                                    "dist.max_staleness=1", "dist.correction=tis", "dist.partial.token_budget=20",
+                                    "dist.partial.max_parks=1", "rollout.sampling.max_new_tokens=8"])
+    train, _ = setup_problems(cfg)
+    trainer = setup_policy(cfg, tmp_path, train)
+    w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
+    out = []
+    for step in range(3):
+        # two episodes x <= 8 tokens per turn: the budget of 20 is crossed during turn 2 -> parked
+        out.append(w.run_order(Order(step, 0, train[2 * step:2 * step + 2], cfg, step - 1, meta={"per_round": 2})))
+        arrays, checksum = _train_step(trainer, step + 1)
+        assert w.load_weights(step + 1, arrays, checksum)["ok"]
+    assert len(out[0]["groups"]) == 0 and out[0]["parked"] == 2
+    for step in (1, 2):
+        assert out[step]["resumed"] == 2 and len(out[step]["groups"]) == 2
+        for g in out[step]["groups"]:
+            for t in g.trajectories:
+                versions = [turn.policy_version for turn in t.turns]
+                assert len(versions) == 3 and versions[0] == versions[1] == step - 1 and versions[2] == step
+
+
+def test_merge_metrics_rules():
+    a = {"rollout/gen_tokens": 10.0, "time/generate": 1.0, "reward/error_count": 1.0, "accuracy": 1.0,
+         "response_length/max": 5.0, "response_length/min": 2.0, "env/episodes": 4.0}
+    b = {"rollout/gen_tokens": 30.0, "time/generate": 2.0, "reward/error_count": 0.0, "accuracy": 0.0,
+         "response_length/max": 9.0, "response_length/min": 1.0, "env/episodes": 4.0}
+    m = merge_metrics([(a, 1.0), (b, 3.0)])
+    assert m["rollout/gen_tokens"] == 40.0 and m["time/generate"] == 3.0 and m["reward/error_count"] == 1.0
+    assert m["accuracy"] == pytest.approx(0.25) and m["env/episodes"] == 8.0
+    assert m["response_length/max"] == 9.0 and m["response_length/min"] == 1.0

@@ -92,21 +92,25 @@ class RewardNoiseDetector(Detector):
 
 @register_detector
 class ErrorSurgeDetector(Detector):
-    """Reward (or environment) calls failing, timing out or returning garbage above baseline."""
+    """Reward calls failing, timing out or returning garbage, or environment episodes ending in
+    env_error / timeout, above baseline."""
 
     name, mode = "error_surge", "reward_errors"
     defaults = {"margin": 0.03, "critical": 0.15}
     persist = 1
+    KEYS = ("reward/error_rate", "env/stop/env_error", "env/stop/timeout")
 
     def evaluate(self, h, ctx):
-        base = h.baseline("reward/error_rate", abs_floor=0.005)
-        x = finite(h.latest("reward/error_rate"))
-        if x is None:
-            return OK
-        b = base.median if base is not None else 0.0
-        if x > b + max(self.p["margin"], 4 * (base.scale if base else 0.0)):
-            level = 2 if x > b + self.p["critical"] else 1
-            return level, f"{x:.0%} of reward calls failed (baseline {b:.0%})", {"reward/error_rate": _ev(x, base)}
+        for key in self.KEYS:
+            base = h.baseline(key, abs_floor=0.005)
+            x = finite(h.latest(key))
+            if x is None:
+                continue
+            b = base.median if base is not None else 0.0
+            if x > b + max(self.p["margin"], 4 * (base.scale if base else 0.0)):
+                level = 2 if x > b + self.p["critical"] else 1
+                what = "reward calls" if key.startswith("reward/") else f"episodes ({key.rsplit('/', 1)[-1]})"
+                return level, f"{x:.0%} of {what} failed (baseline {b:.0%})", {key: _ev(x, base)}
         return OK
 
 
@@ -242,7 +246,7 @@ class StallDetector(Detector):
             return OK
         if x > max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale):
             grew = {}
-            for key in ("time/generate", "time/reward", "time/batch", "time/update"):
+            for key in ("time/generate", "time/reward", "time/env", "time/batch", "time/update"):
                 b, v = h.baseline(key), finite(h.latest(key))
                 if b is not None and v is not None:
                     grew[key] = v - b.median

@@ -60,6 +60,8 @@ def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None) -> tup
 
     mon = HealthMonitor(cfg, rd=None, watchdog=False)
     contexts = _contexts(cfg, run)
+    rollbacks = {int(e["step"]): int(e["discarded_from"]) for e in (_events(run) if run is not None else [])
+                 if e.get("kind") == "action" and e.get("discarded_from") is not None}
     lg = logging.getLogger("tether.health")
     level = lg.level
     lg.setLevel(logging.ERROR)  # a replay reports once, at the end
@@ -68,6 +70,10 @@ def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None) -> tup
             step = int(row["step"])
             ctx = contexts[max(k for k in contexts if k <= step)]
             mon.run_detectors(step, row, ctx)
+            if step in rollbacks:  # the online monitor rolled these steps back: replay the same
+                mon.history.discard(range(rollbacks[step], step + 1))
+                for d in mon.detectors.values():
+                    d.reset()
     finally:
         lg.setLevel(level)
     episode = _episode(mon.findings)
@@ -150,6 +156,8 @@ def format_report(rep: dict[str, Any]) -> str:
                 lines.append(f"  step {e['step']}: HALT - {e['reason']} (cause {e['cause']}, family {e['family']})")
             elif e["kind"] == "hang":
                 lines.append(f"  HANG in phase {e['phase']} after {e['seconds']:.0f}s (stacks in health_stacks.txt)")
+            elif e["kind"] == "advice":
+                lines.append(f"  step {e['step']}: advice for {e['cause']}: {e['message']}")
             else:
                 lines.append(f"  {e['kind']}: {e.get('message') or e.get('error')}")
     return "\n".join(lines)

@@ -235,7 +235,7 @@ class HealthMonitor:
                 d.reset()
             if snap is not None:
                 self.history.discard(range(since, step + 1))
-            self._act("apply", step, name, hyp, changes, snap)
+            self._act("apply", step, name, hyp, changes, snap, discarded_from=since if snap is not None else None)
             return False
         if not hyp.actions:
             self._unactionable.add(hyp.cause)
@@ -275,7 +275,8 @@ class HealthMonitor:
             c.undo()
         why = f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else \
             f"{key} {now_mean:.3g} below pre-fault {pre_mean:.3g}"
-        self._act("revert", step, t["action"], t["hyp"], t["changes"], t["snap"], reason=why)
+        self._act("revert", step, t["action"], t["hyp"], t["changes"], t["snap"], reason=why,
+                  discarded_from=t["start"] if t["snap"] is not None else None)
         if t["snap"] is not None:
             self.history.discard(range(t["start"], step + 1))
         return self._start_trial(st, cfg, step, t["since"], t["candidates"], t["hyp"], [])

@@ -130,3 +130,8 @@ def test_every_failure_mode_has_a_doc_page():
         text = page.read_text()
         for section in ("## Symptoms", "## Detector", "## Likely causes", "## What tether does"):
             assert section in text, (page, section)
+
+
+def test_environment_error_surge():
+    found = replay(series(30, 6, {"e": _set("env/stop/env_error", 0.3)}), detector="error_surge")
+    assert found and found[0].step == 15 and "env_error" in found[0].message

@@ -28,7 +28,7 @@ def test_watchdog_names_the_stuck_phase_and_exits_3(tmp_path):
             run_rewards()
         run_rl()
     """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)  # loaded CI: slow imports
     assert p.returncode == 3
     assert "stuck in phase 'reward'" in p.stderr and "run_rewards" in p.stderr
     rec = json.loads((tmp_path / "health.jsonl").read_text().splitlines()[-1])

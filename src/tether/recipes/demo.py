@@ -47,7 +47,8 @@ def run_demo(run_dir: str | Path, overrides: list[str] | None = None) -> dict[st
         "task": cfg.data.task,
         "baseline_accuracy": rl_summary["baseline_accuracy"],
         "final_accuracy": rl_summary["final_accuracy"],
-        "accuracy_lift": (rl_summary["final_accuracy"] or 0.0) - (rl_summary["baseline_accuracy"] or 0.0),
+        "accuracy_lift": None if rl_summary["final_accuracy"] is None or rl_summary["baseline_accuracy"] is None
+        else rl_summary["final_accuracy"] - rl_summary["baseline_accuracy"],
         "baseline_greedy_accuracy": rl_summary.get("baseline_greedy_accuracy"),
         "final_greedy_accuracy": rl_summary.get("final_greedy_accuracy"),
         "sft_seconds": t_sft,
@@ -60,6 +61,10 @@ def run_demo(run_dir: str | Path, overrides: list[str] | None = None) -> dict[st
     }
     rd.write_summary(summary)
     b, f = summary["baseline_accuracy"], summary["final_accuracy"]
-    print(f"[tether demo] held-out pass@1: SFT start {b:.3f} -> after RL {f:.3f} "
-          f"({100 * (f - b):+.1f} points) in {summary['wall_seconds']:.0f}s total", flush=True)
+    if f is None:
+        print(f"[tether demo] interrupted after {summary['rl_steps']} RL steps (SFT start pass@1 {b:.3f}); "
+              f"resume with: tether train {demo_config_path()} --resume --run-dir {rd.root / 'rl'}", flush=True)
+    else:
+        print(f"[tether demo] held-out pass@1: SFT start {b:.3f} -> after RL {f:.3f} "
+              f"({100 * (f - b):+.1f} points) in {summary['wall_seconds']:.0f}s total", flush=True)
     return summary

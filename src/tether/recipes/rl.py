@@ -40,7 +40,7 @@ from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
-from tether.policy.hf import HFPolicy, ValueModel
+from tether.policy.hf import HFPolicy, ValueModel, load_policy
 from tether.recipes.common import (
     graceful_interrupt, make_reference, progress_bar, reset_reference, seed_everything, setup_policy, setup_problems,
 )
@@ -234,10 +234,12 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     rd.write_config(cfg)
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
     train, held_out = setup_problems(cfg)
+    ckpt = find_latest_checkpoint(rd) if resume else None
+    if policy is None and ckpt is not None and not cfg.model.path:  # the checkpoint is a full HF model + tokenizer
+        policy = load_policy(ckpt, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     policy = policy or setup_policy(cfg, rd.root, train)
     policy.model.train()
     st = RLState(cfg, policy, train)
-    ckpt = find_latest_checkpoint(rd) if resume else None
     if ckpt is not None:
         st.load_extra_state(load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
         rd.truncate_metrics_after(st.step)
@@ -249,7 +251,8 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         last_eval = dict(first_eval)
     else:  # evaluations so far are in metrics.jsonl (step 0 = the starting policy)
         evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rd.read_metrics() if "eval/pass@1" in r]
-        first_eval, last_eval = (evals[0], evals[-1]) if evals else ({}, {})
+        first_eval = evals[0] if evals else {}
+        last_eval = evals[-1] if len(evals) > 1 else first_eval
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop:
             metrics, groups = run_rl_step(st, cfg, collect)
@@ -272,9 +275,11 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     plot_metrics(rows, rd.plots_dir)
     summary = {
         "kind": "rl", "steps": st.step, "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t_start,
-        "baseline_accuracy": first_eval.get("eval/pass@1"), "final_accuracy": last_eval.get("eval/pass@1"),
+        # final_* describe the last evaluation after training started (none if interrupted before one)
+        "baseline_accuracy": first_eval.get("eval/pass@1"),
+        "final_accuracy": last_eval.get("eval/pass@1") if last_eval is not first_eval or st.step == 0 else None,
         "baseline_greedy_accuracy": first_eval.get("eval/greedy_accuracy"),
-        "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy"),
+        "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy") if last_eval is not first_eval or st.step == 0 else None,
         "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
     }
     rd.write_summary(summary)

@@ -38,6 +38,7 @@ class HFPolicy:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     autocast_bf16: bool = False
     version: int = 0  # bumped by the recipe after every optimizer step
+    lean_decode: bool = True  # tether.policy.decode for Llama-family models; False: transformers per token
 
     @property
     def max_positions(self) -> int:
@@ -82,6 +83,10 @@ def make_policy(model, tokenizer, device: str = "cpu", autocast_bf16: bool = Fal
         pad = stop_ids[0]
     dev = torch.device(device)
     model.to(dev)
+    if autocast_bf16 and dev.type == "cpu":  # CPU bf16 flash attention is slow (tether.policy.attention)
+        from tether.policy.attention import use_fast_cpu_attention
+
+        use_fast_cpu_attention(model)
     return HFPolicy(model=model, tokenizer=tokenizer, stop_ids=stop_ids, pad_id=int(pad), device=dev, autocast_bf16=autocast_bf16)
 
 
@@ -142,45 +147,139 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+_PREALLOCATED_LAYER = None
+
+
+def _preallocated_layer_class():
+    """A transformers `DynamicLayer` that writes keys/values into a preallocated buffer.
+
+    `DynamicLayer` concatenates the whole cache with every new token (O(T^2) copies; half of a
+    decode step on CPU). This layer copies only the new token and returns views of the buffer.
+    """
+    global _PREALLOCATED_LAYER
+    if _PREALLOCATED_LAYER is None:
+        from transformers.cache_utils import DynamicLayer
+
+        class PreallocatedLayer(DynamicLayer):
+            def __init__(self, capacity: int) -> None:
+                super().__init__()
+                self.capacity, self.length = capacity, 0
+
+            def lazy_initialization(self, key_states, value_states) -> None:
+                self.device = key_states.device
+                self._k = key_states.new_empty((*key_states.shape[:2], self.capacity, key_states.shape[-1]))
+                self._v = value_states.new_empty((*value_states.shape[:2], self.capacity, value_states.shape[-1]))
+                self.is_initialized = True
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                if not self.is_initialized:
+                    self.lazy_initialization(key_states, value_states)
+                n, s = self.length, key_states.shape[-2]
+                if n + s > self._k.shape[-2]:  # more than announced: grow (never silently wrong)
+                    extra = max(n + s, 2 * self._k.shape[-2]) - self._k.shape[-2]
+                    self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:2], extra, self._k.shape[-1]))], 2)
+                    self._v = torch.cat([self._v, self._v.new_empty((*self._v.shape[:2], extra, self._v.shape[-1]))], 2)
+                self._k[:, :, n:n + s] = key_states
+                self._v[:, :, n:n + s] = value_states
+                self.length = n + s
+                self.keys, self.values = self._k[:, :, :n + s], self._v[:, :, :n + s]
+                return self.keys, self.values
+
+            def get_seq_length(self) -> int:
+                return self.length
+
+        _PREALLOCATED_LAYER = PreallocatedLayer
+    return _PREALLOCATED_LAYER
+
+
+def _make_decode_cache(model, capacity: int):
+    """transformers' DynamicCache with preallocated full-attention layers; any other layer kind
+    (sliding window, linear attention, ...) keeps transformers' own class."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=model.config)
+    except (ImportError, TypeError, AttributeError):  # older transformers: the model makes its own cache
+        return None
+    if getattr(cache, "layers", None) and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cls = _preallocated_layer_class()
+        cache.layers = [cls(capacity) for _ in cache.layers]
+    return cache
+
+
+def _lean_decoder(policy: HFPolicy, batch: int, capacity: int, cache):
+    """tether.policy.decode.LeanDecoder over the prefilled `cache`, when the model is one it reproduces."""
+    from tether.policy import decode
+
+    if not policy.lean_decode or cache is None or not decode.supports(policy.model):
+        return None
+    if not all(getattr(layer, "keys", None) is not None for layer in getattr(cache, "layers", [])):
+        return None
+    lean = decode.LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16)
+    lean.load_prefill(cache)
+    return lean
+
+
 def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample]:
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: every prompt needs at least one token")
     model, dev = policy.model, policy.device
     ids, mask = _left_pad(prompts, policy.pad_id, dev)
-    B = ids.shape[0]
-    max_new = min(sampling.max_new_tokens, policy.max_positions - ids.shape[1])
+    B, W = ids.shape
+    max_new = min(sampling.max_new_tokens, policy.max_positions - W)
     if max_new <= 0:
-        raise ValueError(f"prompt of {ids.shape[1]} tokens leaves no room in the model's {policy.max_positions} positions")
+        raise ValueError(f"prompt of {W} tokens leaves no room in the model's {policy.max_positions} positions")
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    stop = torch.tensor(policy.stop_ids, device=dev)
     tokens = torch.full((B, max_new), policy.pad_id, dtype=torch.long, device=dev)
     logps = torch.zeros((B, max_new), dtype=torch.float32, device=dev)
     lengths = torch.full((B,), max_new, dtype=torch.long, device=dev)
     finished = torch.zeros(B, dtype=torch.bool, device=dev)
-    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-        res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    pad = torch.full((B,), policy.pad_id, dtype=torch.long, device=dev)
+    full_mask = torch.ones((B, W + max_new), dtype=mask.dtype, device=dev)  # sliced per step: no cat
+    full_mask[:, :W] = mask
     cache_kw = _cache_kwarg(model)
-    cache, next_pos = res[cache_kw], pos[:, -1] + 1
-    for t in range(max_new):
-        logits = res.logits[:, -1].float()
-        if greedy:
-            logp_V = torch.log_softmax(logits, -1)
-            tok = logits.argmax(-1)
-        else:
-            logp_V = torch.log_softmax(_filter_logits(logits / sampling.temperature, sampling.top_k, sampling.top_p), -1)
-            tok = torch.multinomial(logp_V.exp(), 1, generator=generator).squeeze(-1)
-        tok = torch.where(finished, torch.full_like(tok, policy.pad_id), tok)
-        tokens[:, t] = tok
-        logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
-        newly = ~finished & torch.isin(tok, stop)
-        lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
-        finished |= newly
-        if bool(finished.all()) or t == max_new - 1:
-            break
-        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=1)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-            res = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], use_cache=True, **{cache_kw: cache})
-        cache, next_pos = res[cache_kw], next_pos + 1
+    from tether.policy import decode
+
+    lean_ok = policy.lean_decode and decode.supports(model)
+    cache = _make_decode_cache(model, W if lean_ok else W + max_new)  # the lean decoder keeps its own
+    filtered = bool(sampling.top_k) or sampling.top_p < 1.0
+    # one autocast region for the whole loop: bf16 weight casts are made once, not per token
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
+        res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+        cache, logits = res[cache_kw], res.logits[:, -1]
+        lean = _lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
+        key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
+        is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
+        is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
+        next_pos = pos[:, -1:] + 1
+        for t in range(max_new):
+            logits = logits.float()
+            if greedy:
+                logp_V = torch.log_softmax(logits, -1)
+                tok = logits.argmax(-1)
+            else:
+                if sampling.temperature != 1.0:
+                    logits = logits / sampling.temperature
+                if filtered:
+                    logits = _filter_logits(logits, sampling.top_k, sampling.top_p)
+                logp_V = torch.log_softmax(logits, -1)
+                tok = torch.multinomial(logp_V.exp(), 1, generator=generator).squeeze(-1)
+            tok = torch.where(finished, pad, tok)
+            tokens[:, t] = tok
+            logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
+            newly = is_stop[tok] & ~finished
+            lengths.masked_fill_(newly, t + 1)
+            finished |= newly
+            if t == max_new - 1 or bool(finished.all()):
+                break
+            if lean is not None:
+                logits = lean.step(tok, next_pos[:, 0], key_bias)
+            else:
+                res = model(input_ids=tok[:, None], attention_mask=full_mask[:, :W + t + 1], position_ids=next_pos,
+                            use_cache=True, **{cache_kw: cache})
+                logits = res.logits[:, -1]
+            next_pos = next_pos + 1
     tokens, logps, lengths, finished = tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu()
     samples = []
     for i in range(B):

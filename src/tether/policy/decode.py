@@ -1,0 +1,137 @@
+"""A lean decode step for Llama-family models: fewer ops and no per-token Python overhead.
+
+On a CPU, one decode step of a small model through transformers' modules costs ~400 aten calls
+(mask construction, rotary tables, cache objects, module hooks) around a few small matmuls; the
+calls, not the FLOPs, set the speed (machine.md: 10-25 ms per step). `LeanDecoder` runs the same
+math with the model's own weights in about a third of the calls:
+
+- q/k/v and gate/up projections fused into one matmul each (weights concatenated once per
+  generation call, so they are never stale after an optimizer step);
+- rotary cos/sin computed once for every position by the model's own rotary module and indexed;
+- a preallocated KV cache written in place and an additive padding bias built once;
+- grouped-query attention without repeating keys (queries are grouped instead);
+- with bf16 autocast: bf16 weight copies made once per call (under inference mode autocast
+  re-casts every weight at every token); the LM head, attention and sampling stay fp32.
+
+The prompt (prefill) still runs through transformers; only the per-token step is replaced. Models
+it does not recognise exactly (`supports` is strict) use transformers' forward: no silent drift.
+Tests: tests/unit/policy/test_fast_paths.py (logits equal to transformers' forward at every step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_FAMILIES = ("llama", "qwen2", "mistral")
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """True when `model` is a plain Llama-family decoder this module reproduces exactly."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in _FAMILIES:
+        return False
+    rope = getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type != "default" or getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
+        return False
+    if getattr(cfg, "use_sliding_window", False) or (cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)):
+        return False
+    if getattr(cfg, "mlp_bias", False) or getattr(cfg, "final_logit_softcapping", None):
+        return False
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+        return False
+    attn, mlp = layers[0].self_attn, layers[0].mlp
+    expected = {"q_proj", "k_proj", "v_proj", "o_proj"}
+    extra = {n for n, _ in attn.named_children()} - expected
+    return not extra and {n for n, _ in mlp.named_children()} >= {"gate_proj", "up_proj", "down_proj"}
+
+
+class LeanDecoder:
+    """Decode steps of `model` over a preallocated cache of `capacity` positions for `batch` rows."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, bf16: bool) -> None:
+        cfg, inner = model.config, model.model
+        self.dtype = torch.bfloat16 if bf16 else torch.float32
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scale = self.head_dim ** -0.5
+        self.embed = inner.embed_tokens.weight
+        self.norm_w, self.eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.head_w = model.lm_head.weight  # fp32 logits, as in scoring
+        self.head_b = getattr(model.lm_head, "bias", None)
+        self.layers = [self._pack(layer) for layer in inner.layers]
+        dev = self.embed.device
+        d, kvh = self.head_dim, self.kv_heads
+        # fp32 cache and attention: batched GEMVs on bf16 cache views are several times slower on CPU
+        self.k = [torch.empty((batch, kvh, capacity, d), dtype=torch.float32, device=dev) for _ in self.layers]
+        self.v = [torch.empty((batch, kvh, capacity, d), dtype=torch.float32, device=dev) for _ in self.layers]
+        pos = torch.arange(capacity, device=dev)[None]
+        cos, sin = inner.rotary_emb(torch.zeros((), dtype=torch.float32, device=dev), pos)
+        half = d // 2
+        sign = torch.cat([-torch.ones(half, device=dev), torch.ones(d - half, device=dev)])
+        self.cos, self.sin = cos[0].float(), (sin[0] * sign).float()  # [capacity, d], fp32 as in transformers
+        self.length = 0
+
+    def _cast(self, w: torch.Tensor | None) -> torch.Tensor | None:
+        return None if w is None else w.detach().to(self.dtype)
+
+    def _pack(self, layer) -> dict:
+        a, m = layer.self_attn, layer.mlp
+        qkv_b = None
+        if a.q_proj.bias is not None:
+            qkv_b = self._cast(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+        return {
+            "ln1": layer.input_layernorm.weight, "eps1": layer.input_layernorm.variance_epsilon,
+            "qkv": self._cast(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])), "qkv_b": qkv_b,
+            "o": self._cast(a.o_proj.weight), "o_b": self._cast(a.o_proj.bias),
+            "ln2": layer.post_attention_layernorm.weight, "eps2": layer.post_attention_layernorm.variance_epsilon,
+            "gate_up": self._cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])), "down": self._cast(m.down_proj.weight),
+        }
+
+    def load_prefill(self, cache) -> None:
+        """Copy the prompt's keys/values from transformers' cache (after the prefill forward)."""
+        for i, layer in enumerate(cache.layers):
+            n = layer.keys.shape[-2]
+            self.k[i][:, :, :n] = layer.keys
+            self.v[i][:, :, :n] = layer.values
+        self.length = n
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        swapped = x.view(*x.shape[:-1], 2, d // 2).flip(-2).reshape(x.shape)  # [x2, x1]; the sign is in `sin`
+        return x * cos + swapped * sin
+
+    @torch.inference_mode()
+    def step(self, tok_B: torch.Tensor, pos_B: torch.Tensor, key_bias_BL: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] (fp32) for one new token per row at positions `pos_B`; `key_bias_BL` is the
+        additive fp32 mask over the cached positions (0, or -inf for padding).
+
+        Numerics follow autocast: the residual stream, norms, rotary and softmax in fp32; the
+        projections' inputs and weights in `self.dtype`; attention over the cache in fp32."""
+        B, n, dt = tok_B.shape[0], self.length, self.dtype
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(tok_B, self.embed)  # [B, H] fp32
+        cos, sin = self.cos[pos_B][:, None], self.sin[pos_B][:, None]  # [B, 1, d]
+        bias = key_bias_BL[:, None, None, : n + 1]  # [B, 1, 1, L]
+        for i, p in enumerate(self.layers):
+            qkv = F.linear(self._rms(x, p["ln1"], p["eps1"]).to(dt), p["qkv"], p["qkv_b"]).view(B, h + 2 * kvh, d)
+            qk = self._rope(qkv[:, : h + kvh].float(), cos, sin)
+            self.k[i][:, :, n] = qk[:, h:]
+            self.v[i][:, :, n] = qkv[:, h + kvh:]
+            q = qk[:, :h].reshape(B, kvh, h // kvh, d)  # grouped queries share their key head
+            scores = torch.matmul(q, self.k[i][:, :, : n + 1].transpose(-1, -2)) * self.scale + bias
+            att = torch.softmax(scores, dim=-1)
+            o = torch.matmul(att, self.v[i][:, :, : n + 1]).reshape(B, h * d).to(dt)
+            x = x + F.linear(o, p["o"], p["o_b"]).float()
+            gu = F.linear(self._rms(x, p["ln2"], p["eps2"]).to(dt), p["gate_up"])
+            g, u = gu.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, p["down"]).float()
+        self.length = n + 1
+        return F.linear(self._rms(x, self.norm_w, self.eps), self.head_w, self.head_b)

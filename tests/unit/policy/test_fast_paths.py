@@ -1,0 +1,129 @@
+"""Speed paths must not change results: lean decode, preallocated KV cache, CPU bf16 attention."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from tether.config import SamplingConfig, TinyModelConfig
+from tether.policy import decode
+from tether.policy.attention import NAME, use_fast_cpu_attention
+from tether.policy.hf import _make_decode_cache, _preallocated_layer_class, compute_logprobs, make_policy, run_generate
+from tether.policy.tiny import build_tiny_model, build_tokenizer
+
+CORPUS = [f"{a}+{b}={a + b}" for a in range(30) for b in range(30)]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(CORPUS, 300)
+
+
+@pytest.fixture(scope="module")
+def policy(tok):
+    model = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128), tok, seed=1)
+    return make_policy(model, tok)
+
+
+def _gqa_models(vocab):
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128))
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128))
+    return {"llama-gqa": llama, "qwen2-bias": qwen}
+
+
+def _prompts(tok, n=6):
+    texts = ["12+3=", "1+2=", "29+29=", "7+", "3", "10+11="]
+    return [tok.encode(t) for t in texts[:n]]
+
+
+def test_lean_decoder_logits_equal_transformers_at_every_step(policy, tok):
+    # Left-padded prompts, GQA, q/k/v biases: each lean step's logits equal a full forward pass of
+    # the sequence so far (the model's own math, fp32).
+    models = {"tiny-llama": policy.model, **_gqa_models(len(tok))}
+    for name, model in models.items():
+        assert decode.supports(model), name
+        pol = dataclasses.replace(policy, model=model.eval())
+        g = torch.Generator().manual_seed(0)
+        samples = run_generate(pol, _prompts(tok), SamplingConfig(max_new_tokens=10), g)
+        for s in samples:
+            seq = torch.tensor([list(s.prompt_ids) + list(s.token_ids)])
+            lp, _ = compute_logprobs(pol, seq, torch.ones_like(seq, dtype=torch.bool))
+            assert torch.allclose(lp[0, len(s.prompt_ids):], torch.tensor(s.logprobs), atol=2e-5), name
+
+
+def test_lean_and_transformers_decoding_sample_the_same_tokens(policy, tok):
+    for greedy in (False, True):
+        out = {}
+        for lean in (True, False):
+            pol = dataclasses.replace(policy, lean_decode=lean)
+            g = torch.Generator().manual_seed(3)
+            out[lean] = run_generate(pol, _prompts(tok) * 3, SamplingConfig(max_new_tokens=12, temperature=0.8), g, greedy=greedy)
+        for a, b in zip(out[True], out[False]):
+            assert a.token_ids == b.token_ids and a.finish == b.finish
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=2e-5)
+
+
+def test_lean_decoder_bf16_tracks_fp32(policy, tok):
+    pol = dataclasses.replace(policy, autocast_bf16=True)
+    g = torch.Generator().manual_seed(0)
+    for s in run_generate(pol, _prompts(tok), SamplingConfig(max_new_tokens=8), g):
+        seq = torch.tensor([list(s.prompt_ids) + list(s.token_ids)])
+        lp, _ = compute_logprobs(policy, seq, torch.ones_like(seq, dtype=torch.bool))  # fp32 scorer
+        assert torch.allclose(lp[0, len(s.prompt_ids):], torch.tensor(s.logprobs), atol=0.05)
+
+
+def test_unsupported_models_fall_back_to_transformers(policy, tok):
+    scaled = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           intermediate_size=64, rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    assert not decode.supports(scaled)
+    pol = dataclasses.replace(policy, model=scaled)
+    samples = run_generate(pol, _prompts(tok, 2), SamplingConfig(max_new_tokens=4), torch.Generator().manual_seed(0))
+    assert all(len(s.token_ids) >= 1 for s in samples)
+
+
+def test_preallocated_cache_grows_and_matches_concatenation():
+    cls = _preallocated_layer_class()
+    layer = cls(capacity=3)
+    ks = [torch.randn(2, 2, n, 4) for n in (2, 1, 3)]
+    for i, k in enumerate(ks):
+        keys, values = layer.update(k, k + 1)
+        want = torch.cat(ks[: i + 1], dim=2)
+        assert torch.equal(keys, want) and torch.equal(values, want + 1)
+    assert layer.get_seq_length() == 6
+
+
+def test_decode_cache_is_preallocated_for_full_attention(policy):
+    cache = _make_decode_cache(policy.model, 16)
+    assert all(type(layer) is _preallocated_layer_class() for layer in cache.layers)
+
+
+def test_cpu_bf16_attention_matches_sdpa_and_is_not_saved(policy, tmp_path):
+    ids = torch.randint(4, len(policy.tokenizer), (4, 16))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, 9:] = False
+    mask[3, 5:] = False
+    base = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=True)
+    fast = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=True)
+    assert use_fast_cpu_attention(fast.model) and fast.model.config._attn_implementation == NAME
+    grads = []
+    for p in (base, fast):
+        lp, ent = compute_logprobs(p, ids, mask, with_entropy=True)
+        (lp * mask).sum().backward()
+        grads.append((lp.detach(), p.model.get_output_embeddings().weight.grad.clone()))
+    keep = mask.clone()
+    keep[:, 0] = False
+    assert torch.allclose(grads[0][0][keep], grads[1][0][keep], atol=3e-2)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=3e-2, rtol=5e-2)
+    fast.model.save_pretrained(tmp_path)
+    assert NAME not in (tmp_path / "config.json").read_text()
+
+
+def test_make_policy_switches_attention_only_for_cpu_bf16(tok):
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, seed=0)
+    assert make_policy(copy.deepcopy(model), tok).model.config._attn_implementation == "sdpa"
+    assert make_policy(model, tok, autocast_bf16=True).model.config._attn_implementation == NAME

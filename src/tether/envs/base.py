@@ -79,18 +79,22 @@ class Env(Protocol):
 
 
 Expert = Callable[[Mapping[str, Any], Sequence[Message]], str]  # (task, history) -> action text
+# (task, history, the expert's action, rng) -> a weak teacher's wrong action, or None: no slip here
+Mistake = Callable[[Mapping[str, Any], Sequence[Message], str, random.Random], "str | None"]
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """A registered environment: a seeded task generator, the single-use env factory, and a
-    scripted expert (the SFT demonstrations and the ceiling of the success metric)."""
+    """A registered environment: a seeded task generator, the single-use env factory, a
+    scripted expert (the SFT demonstrations and the ceiling of the success metric) and,
+    optionally, the mistakes a weak teacher makes (`sft.demo_noise`, see `run_expert_episode`)."""
 
     name: str
     make_task: Callable[[random.Random, int, dict[str, Any]], dict[str, Any]]
     make_env: Callable[[Mapping[str, Any]], Env]
     expert: Expert | None = None
     description: str = ""
+    mistake: Mistake | None = None
 
 
 ENVS: Registry[Callable[[], EnvSpec]] = Registry("environment")
@@ -122,10 +126,15 @@ def make_env(task: Mapping[str, Any]) -> Env:
     return get_spec(task).make_env(task)
 
 
-def run_expert_episode(task: Mapping[str, Any], max_turns: int = 16,
-                       ) -> tuple[list[Message], list[dict], StepResult | None]:
+def run_expert_episode(task: Mapping[str, Any], max_turns: int = 16, noise: float = 0.0,
+                       rng: random.Random | None = None) -> tuple[list[Message], list[dict], StepResult | None]:
     """Play one episode with the task's scripted expert. Returns the conversation (initial
-    observation, expert actions as text, observations), the tool schemas and the last step."""
+    observation, expert actions as text, observations), the tool schemas and the last step.
+
+    A weak teacher: with probability `noise` (drawn from `rng`) the episode contains one
+    mistake — the expert's action at the first turn where the env's `mistake` function offers
+    one is replaced by it (a wrong answer, a wrong item, a wrong edit); the expert plays on
+    from whatever state that leaves."""
     spec = get_spec(task)
     if spec.expert is None:
         raise ValueError(f"environment {spec.name!r} has no scripted expert")
@@ -133,8 +142,11 @@ def run_expert_episode(task: Mapping[str, Any], max_turns: int = 16,
     history = list(env.reset().messages)
     schemas = [t.schema for t in getattr(env, "tools", ())]
     last = None
+    slip = bool(noise) and rng is not None and spec.mistake is not None and rng.random() < noise
     for _ in range(max_turns):
         text = spec.expert(task, history)
+        if slip and (wrong := spec.mistake(task, history, text, rng)) is not None:
+            text, slip = wrong, False
         history.append(Message("assistant", text))
         last = env.step(Action(text=text, parsed=parse_tool_calls(text)))
         history.extend(last.observation.messages)
@@ -184,7 +196,12 @@ def _mix_expert(task: Mapping[str, Any], history: Sequence[Message]) -> str:
     return expert(task, history)
 
 
+def _mix_mistake(task: Mapping[str, Any], history: Sequence[Message], action: str, rng: random.Random) -> str | None:
+    mistake = get_spec(task).mistake
+    return None if mistake is None else mistake(task, history, action, rng)
+
+
 @register_env("env_mix")
 def env_mix() -> EnvSpec:
     """Several environments in one run, mixed by weight; each problem is played by its own env."""
-    return EnvSpec("env_mix", _mix_task, make_env, _mix_expert, "weighted mixture of environments")
+    return EnvSpec("env_mix", _mix_task, make_env, _mix_expert, "weighted mixture of environments", _mix_mistake)

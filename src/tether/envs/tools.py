@@ -164,6 +164,14 @@ def compute_tool_messages(results: Sequence[ToolResult], parse_errors: Sequence[
     return out
 
 
+def run_tool_turn(tools: Sequence[Tool], parsed: ParsedAction, timeout_s: float | None = None,
+                  ) -> tuple[list[Message], dict[str, int]]:
+    """An action's tool calls executed: the `tool` observation messages and the counters for
+    StepResult.info (`compute_tool_info`)."""
+    results = run_tool_calls({t.name: t for t in tools}, parsed.calls, timeout_s=timeout_s)
+    return compute_tool_messages(results, parsed.errors), compute_tool_info(results, parsed.errors)
+
+
 def compute_tool_info(results: Sequence[ToolResult], parse_errors: Sequence[str] = ()) -> dict[str, int]:
     """Counts for StepResult.info: tool_calls, tool_errors, tool_timeouts, parse_errors."""
     return {

@@ -6,7 +6,8 @@ e.g. "Ann has 12 pens. She buys 3 boxes with 4 pens each. How many pens does Ann
 (`<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>`, or the
 bare JSON call) and ends the episode with a reply without tool calls — `Answer: 24`. Reward 1
 when the reply's number equals the answer, else 0 (terminal only); `info["correct"]` is the
-success metric. The scripted expert calls the calculator once per step, then answers.
+success metric. The scripted expert calls the calculator once per step, then answers; its
+mistakes (`sft.demo_noise`) are wrong final answers.
 
 Task kwargs: `max_value` (largest operand, default 12), `templates` (indices into TEMPLATES).
 """
@@ -116,6 +117,16 @@ def calc_expert(task: Mapping[str, Any], history: Sequence[Message]) -> str:
     return f"Answer: {task['answer']}"
 
 
+def calc_mistake(task: Mapping[str, Any], history: Sequence[Message], action: str, rng: random.Random) -> str | None:
+    """A weak teacher's wrong answer (`sft.demo_noise`): off by one or two, or the first step's result."""
+    if not action.startswith("Answer:"):
+        return None
+    first = calculator(task["steps"][0])
+    wrong = [str(int(task["answer"]) + d) for d in (-2, -1, 1, 2)] + ([first] if first != task["answer"] else [])
+    return f"Answer: {rng.choice(wrong)}"
+
+
 @register_env("calc")
 def calc_env() -> EnvSpec:
-    return EnvSpec("calc", make_calc_task, CalcEnv, calc_expert, "GSM8K-like word problems with a calculator tool")
+    return EnvSpec("calc", make_calc_task, CalcEnv, calc_expert, "GSM8K-like word problems with a calculator tool",
+                   calc_mistake)

@@ -1,0 +1,67 @@
+"""CLI: `tether pipeline CONFIG` (SFT cold start -> RL) and `tether compare-context CONFIG`
+(Agent-R1's context-management comparison); see `tether.recipes.pipeline`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"tether: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pipeline(
+        config: Path = typer.Argument(..., help="YAML config (e.g. configs/household.yaml)"),
+        overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>"),
+    ) -> None:
+        """SFT on the task's (weak-teacher) demonstrations, then RL; summary.json holds the lift."""
+        from tether.cli import _known_errors, _load, _offline_env, _print_summary
+        from tether.recipes.pipeline import run_pipeline
+
+        _offline_env()
+        cfg = _load(config, overrides or [])
+        rd = run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        typer.echo(f"run directory: {rd}")
+        try:
+            summary = run_pipeline(cfg, rd)
+        except _known_errors() as err:
+            _fail(str(err), 1)
+        _print_summary(summary)
+
+    @app.command("compare-context")
+    def compare_context(
+        config: Path = typer.Argument(..., help="YAML config of one environment (e.g. configs/qa.yaml)"),
+        overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
+        builders: str = typer.Option("sliding_window,append,summary", help="context builders to compare"),
+        seeds: Optional[str] = typer.Option(None, help="comma-separated run seeds (default: the config's)"),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>-context-<timestamp>"),
+    ) -> None:
+        """Agent-R1's comparison: the same pipeline per context builder; prints the ordering found."""
+        from tether.cli import _known_errors, _load, _offline_env
+        from tether.envs.context import CONTEXT_BUILDERS
+        from tether.recipes.pipeline import run_context_comparison
+
+        _offline_env()
+        cfg = _load(config, overrides or [])
+        names = [b.strip() for b in builders.split(",") if b.strip()]
+        unknown = [b for b in names if b not in CONTEXT_BUILDERS]
+        if unknown or not names:
+            _fail(f"--builders: unknown {unknown or names}; valid: {', '.join(CONTEXT_BUILDERS)}", 2)
+        try:
+            seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+        except ValueError:
+            _fail(f"--seeds {seeds!r}: expected integers like 0,1,2", 2)
+        rd = run_dir or Path("runs") / f"{cfg.run.name}-context-{time.strftime('%Y%m%d-%H%M%S')}"
+        typer.echo(f"run directory: {rd}")
+        try:
+            run_context_comparison(cfg, rd, names, seed_list)
+        except _known_errors() as err:
+            _fail(str(err), 1)

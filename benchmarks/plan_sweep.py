@@ -115,10 +115,16 @@ def sweep_budget(args, task: str, model: Path, out: Path, budget: int, plan: dic
             with res_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(f"[{task} C={budget}] {row}", flush=True)
-    table = rank_configs([r for r in rows if (r["n"], r["bp"], r["M"]) in set(grid) and r["seed"] in ints(args.seeds)])
+    kept = [r for r in rows if (r["n"], r["bp"], r["M"]) in set(grid) and r["seed"] in ints(args.seeds)]
+    table = rank_configs(kept)
     mine = next(r for r in table if (r["n"], r["bp"], r["M"]) == pick)
+    per_seed = {}  # the pick's rank within each seed alone: how much the ranking is seed noise
+    for seed in ints(args.seeds):
+        t = rank_configs([r for r in kept if r["seed"] == seed])
+        per_seed[seed] = next((r["rank"] for r in t if (r["n"], r["bp"], r["M"]) == pick), None)
     return {"task": task, "budget": budget, "plan": {"n": pick[0], "bp": pick[1], "M": pick[2]},
-            "plan_rank": mine["rank"], "configs": len(table), "top_quarter": mine["rank"] <= max(1, len(table) // 4),
+            "plan_rank": mine["rank"], "plan_rank_per_seed": per_seed, "configs": len(table),
+            "top_quarter": mine["rank"] <= max(1, len(table) // 4),
             "plan_pass@1": mine["pass@1"], "best": table[0], "start_pass@1": rows[0]["start_pass@1"] if rows else None,
             "table": table, "explanation": plan["explanation"]}
 
@@ -152,7 +158,8 @@ def main() -> int:
     for r in results:
         print(f"{r['task']} C={r['budget']}: plan n={r['plan']['n']} B_p={r['plan']['bp']} M={r['plan']['M']} "
               f"-> rank {r['plan_rank']}/{r['configs']} (pass@1 {r['plan_pass@1']:.3f}; best {r['best']['pass@1']:.3f} "
-              f"at n={r['best']['n']} B_p={r['best']['bp']} M={r['best']['M']}; start {r['start_pass@1']:.3f})"
+              f"at n={r['best']['n']} B_p={r['best']['bp']} M={r['best']['M']}; start {r['start_pass@1']:.3f}; "
+              f"rank per seed {list(r['plan_rank_per_seed'].values())})"
               f"{'' if r['top_quarter'] else '  NOT in the top quarter'}")
     return 0
 

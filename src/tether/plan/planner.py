@@ -7,16 +7,24 @@ here its per-problem success counts become
 1. classes: unsolved (no success), hard (pass rate < 0.25), medium, easy (> 0.75);
 2. a beta-binomial model of the pass-rate distribution (maximum likelihood), which gives for
    any group size n the fraction of groups with mixed outcomes,
-   phi(n) = 1 - E[p^n] - E[(1-p)^n]   (all-equal groups carry no GRPO signal), and the
+   phi(n) = 1 - E[p^n] - E[(1-p)^n]   (all-equal groups carry no GRPO signal), the
    normalised-advantage energy per rollout e(n) = phi(n) * (n - 1) / n (an informative group's
-   GRPO advantages have squared sum n - 1, Bessel-corrected std);
+   GRPO advantages have squared sum n - 1, Bessel-corrected std), and the signal per rollout
+   v(n) = e(n) / (1 + (n - 1) rho), discounted by the design effect of correlated rollouts
+   (rho = 1 / (alpha + beta + 1), the beta-binomial intra-class correlation);
 3. the allocation, built greedily from the most sequential plan (n = 2, B_p = the smallest
-   batch with at least `min_informative` informative groups per step):
-   - while M stays >= 2 * min_steps, double n as long as doubling still raises e(n) by more
-     than `signal_gain` (coverage on hard problems, sharpening on easy ones); n* thus grows
-     with the budget and saturates, as the playbook reports;
-   - only when M would still exceed `max_useful_steps` does compute go into B_p (stability,
-     less cross-problem interference) and then into n past saturation.
+   batch with at least `min_informative` informative group per step), each doubling allowed
+   only while M stays >= `min_steps`, in this order of priority:
+   - B_p, until a step holds `target_informative` informative groups (a gradient averaged over
+     a few problems, not one);
+   - n, while doubling still raises v(n) by more than `signal_gain` (coverage on hard
+     problems, sharpening on easy ones): n* grows with the budget and saturates;
+   - past `max_useful_steps`, B_p (stability, less cross-problem interference), then n.
+
+The first version of this rule (v1) grew n before B_p and scored e(n) without the design effect;
+its iso-compute sweep (`benchmarks/plan_sweep.py`, docs/analysis.md) put it in the top quarter at
+small budgets but near the bottom at 16k rollouts, where large groups of few problems lost to
+small groups of many problems. v2 is that lesson; its own validation is on settings v1 never saw.
 
 The step floor encodes the playbook's other finding (sequential iterations M are the axis
 that low budgets must protect); with Adam each step moves the weights a bounded distance, so
@@ -48,6 +56,7 @@ class PlanConstraints:
     bp_min: int = 4
     bp_max: int = 256
     min_informative: float = 1.0
+    target_informative: float = 4.0
     signal_gain: float = 0.25
 
 
@@ -139,10 +148,25 @@ def compute_signal_energy(beta: tuple[float, float], n: int) -> float:
     return compute_informative_fraction(beta, n) * (n - 1) / n
 
 
+def compute_intra_class_correlation(beta: tuple[float, float]) -> float:
+    """rho = 1 / (alpha + beta + 1): the correlation of two rollouts' outcomes on one problem."""
+    return 1.0 / (beta[0] + beta[1] + 1.0)
+
+
+def compute_signal_value(beta: tuple[float, float], n: int) -> float:
+    """v(n) = e(n) / (1 + (n - 1) rho): signal per rollout, discounted by the design effect.
+
+    Rollouts of one problem share its difficulty, so n of them are worth n / (1 + (n-1) rho)
+    independent samples (Kish's design effect for cluster samples); a new problem is worth more
+    than another rollout of a problem already in the batch once rho is large.
+    """
+    return compute_signal_energy(beta, n) / (1.0 + (n - 1) * compute_intra_class_correlation(beta))
+
+
 def compute_signal_n(beta: tuple[float, float], k: PlanConstraints) -> int:
-    """The smallest power-of-two n after which doubling raises e(n) by less than `signal_gain`."""
+    """The smallest power-of-two n after which doubling raises v(n) by less than `signal_gain`."""
     n = k.n_min
-    while 2 * n <= k.n_max and compute_signal_energy(beta, 2 * n) > (1 + k.signal_gain) * compute_signal_energy(beta, n):
+    while 2 * n <= k.n_max and compute_signal_value(beta, 2 * n) > (1 + k.signal_gain) * compute_signal_value(beta, n):
         n *= 2
     return n
 
@@ -150,11 +174,12 @@ def compute_signal_n(beta: tuple[float, float], k: PlanConstraints) -> int:
 # ----------------------------------------------------------------------------- allocation
 
 
-def _bp_floor(beta: tuple[float, float], n: int, k: PlanConstraints) -> int:
-    """Smallest power-of-two B_p >= bp_min with B_p * phi(n) >= min_informative."""
+def _bp_floor(beta: tuple[float, float], n: int, k: PlanConstraints, informative: float | None = None) -> int:
+    """Smallest power-of-two B_p >= bp_min with B_p * phi(n) >= informative (default: min_informative)."""
     phi = max(compute_informative_fraction(beta, n), 1e-9)
+    want = k.min_informative if informative is None else informative
     bp = k.bp_min
-    while bp * phi < k.min_informative and bp < k.bp_max:
+    while bp * phi < want and bp < k.bp_max:
         bp *= 2
     return bp
 
@@ -184,11 +209,17 @@ def recommend_allocation(counts: Sequence[tuple[int, int]], budget_rollouts: int
     def steps(n_: int, bp_: int) -> int:
         return budget_rollouts // (n_ * bp_)
 
+    def informative(n_: int, bp_: int) -> float:
+        return bp_ * compute_informative_fraction(beta, n_)
+
     while True:
         m = steps(n, bp)
-        if n < n_sig and 2 * n <= k.n_max and steps(2 * n, _bp_floor(beta, 2 * n, k)) >= min(k.min_steps, m):
-            # larger groups are informative more often, so the batch floor can only fall
-            n, bp, why = 2 * n, _bp_floor(beta, 2 * n, k), "double n: the per-rollout signal e(n) still grows"
+        # with n doubled, the batch that keeps this step's informative groups (up to the target)
+        bp_2n = _bp_floor(beta, 2 * n, k, min(informative(n, bp), k.target_informative))
+        if informative(n, bp) < k.target_informative and 2 * bp <= k.bp_max and steps(n, 2 * bp) >= k.min_steps:
+            bp, why = 2 * bp, f"double B_p: fewer than {k.target_informative:g} informative groups per step"
+        elif n < n_sig and 2 * n <= k.n_max and steps(2 * n, bp_2n) >= min(k.min_steps, m):
+            n, bp, why = 2 * n, bp_2n, "double n: the signal per rollout v(n) still grows"
         elif m > k.max_useful_steps and 2 * bp <= k.bp_max and steps(n, 2 * bp) >= k.min_steps:
             bp, why = 2 * bp, "double B_p: steps beyond max_useful_steps buy little; a larger batch buys stability"
         elif m > k.max_useful_steps and 2 * n <= k.n_max and steps(2 * n, bp) >= k.min_steps:
@@ -216,6 +247,9 @@ def explain_plan(plan: Plan, counts: Sequence[tuple[int, int]], k: PlanConstrain
     ]
     phis = ", ".join(f"n={n}: {compute_informative_fraction(beta, n):.0%}" for n in (2, 4, 8, 16, 32, 64) if n <= k.n_max)
     lines.append(f"groups with mixed outcomes (GRPO signal) by group size: {phis}")
+    rho = compute_intra_class_correlation(beta)
+    lines.append(f"rollouts of one problem correlate (rho={rho:.2f}): a group of n is worth n/(1+(n-1)rho) independent "
+                 f"samples, so past n={plan.signal_n} another problem is worth more than more rollouts of one")
     if plan.regime == "coverage":
         lines.append("most problems are rarely solved: larger groups buy coverage (a success to learn from) "
                      f"until n={plan.signal_n}, past which doubling n adds < {k.signal_gain:.0%} signal per rollout")
@@ -227,9 +261,10 @@ def explain_plan(plan: Plan, counts: Sequence[tuple[int, int]], k: PlanConstrain
     if plan.n < plan.signal_n:
         lines.append(f"the budget cannot afford n={plan.signal_n} while keeping >= {k.min_steps} update steps: "
                      f"n={plan.n} (n* grows with the budget; sequential steps come first at low compute)")
-    lines.append(f"B_p={plan.problems_per_step}: the smallest batch with >= {k.min_informative:g} informative group(s) "
-                 f"per step on average ({plan.problems_per_step * plan.informative_fraction:.1f} expected)"
-                 + ("; raised because the budget exceeds max_useful_steps" if any("B_p" in t["why"] for t in plan.trace) else ""))
+    lines.append(f"B_p={plan.problems_per_step}: {plan.problems_per_step * plan.informative_fraction:.1f} informative groups "
+                 f"per step expected (target {k.target_informative:g} when the budget keeps >= {k.min_steps} steps)"
+                 + ("; raised further because the budget exceeds max_useful_steps"
+                    if any("max_useful_steps" in t["why"] and "B_p" in t["why"] for t in plan.trace) else ""))
     lines.append(f"M={plan.steps} update steps uses {plan.used_rollouts} of {plan.budget_rollouts} rollouts"
                  + (f" (~{plan.used_rollouts * tokens_per_rollout:,.0f} sampled tokens at {tokens_per_rollout:.1f}/rollout)"
                     if tokens_per_rollout else ""))

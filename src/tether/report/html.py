@@ -79,11 +79,15 @@ def _kv_table(items: Iterable[tuple[str, Any]], cls: str = "kv") -> str:
 # ----------------------------------------------------------------------------- sections
 
 
+QUIET_KINDS = ("context",)  # run metadata the monitor records for replay, not events: table only
+
+
 def health_markers(data: RunData) -> list[tuple[float, str, str]]:
+    """(step, kind, tooltip) of every health record that has a step (curve markers, timeline)."""
     out = []
     for rec in data.health or []:
         step = rec.get("step")
-        if isinstance(step, (int, float)):
+        if isinstance(step, (int, float)) and rec.get("kind") not in QUIET_KINDS:
             kind = str(rec.get("kind", "event"))
             label = rec.get("detector") or rec.get("event") or rec.get("cause") or rec.get("message") or ""
             out.append((float(step), kind, f"step {step}: {kind} {label}".strip()))

@@ -10,7 +10,9 @@ from tether.plan.planner import (
     PlanConstraints,
     compute_classes,
     compute_informative_fraction,
+    compute_intra_class_correlation,
     compute_signal_n,
+    compute_signal_value,
     fit_beta_binomial,
     format_plan,
     recommend_allocation,
@@ -49,23 +51,43 @@ def test_informative_fraction_matches_monte_carlo():
 def test_signal_n_depends_on_the_pass_rate_distribution():
     k = PlanConstraints()
     medium = compute_signal_n((20.0, 20.0), k)  # everything near 0.5: small groups are already mixed
-    assert medium <= 8
-    assert compute_signal_n((0.5, 8.0), k) >= 2 * medium  # mostly hard: coverage needs large groups
-    assert compute_signal_n((8.0, 0.5), k) >= 16  # mostly easy: failures are rare too (sharpening)
+    assert medium <= 4
+    assert compute_signal_n((5.0, 45.0), k) >= 4 * medium  # all hard (p ~ 0.1): coverage needs large groups
+    assert compute_signal_n((45.0, 5.0), k) >= 4 * medium  # all easy: failures are rare too (sharpening)
+    # same mean pass rate, but spread across problems: rollouts of one problem correlate
+    # (rho = 1/(a+b+1)), so more problems beat more rollouts of each
+    assert compute_intra_class_correlation((0.5, 4.5)) == pytest.approx(1 / 6)
+    assert compute_signal_n((0.5, 4.5), k) < compute_signal_n((5.0, 45.0), k)
+    assert compute_signal_value((5.0, 45.0), 8) > compute_signal_value((0.5, 4.5), 8)
 
 
 def test_n_star_grows_with_budget_then_saturates():
-    counts = _counts(np.random.default_rng(2).beta(0.6, 4.0, size=64))
-    ns, ms = [], []
+    counts = _counts(np.random.default_rng(2).beta(3.0, 17.0, size=64))
+    ns, bps, ms = [], [], []
     for budget in (256, 1024, 4096, 16384, 65536, 262144):
         plan = recommend_allocation(counts, budget)
         assert plan.used_rollouts == plan.n * plan.problems_per_step * plan.steps <= budget
         ns.append(plan.n)
+        bps.append(plan.problems_per_step)
         ms.append(plan.steps)
     assert ns == sorted(ns) and ns[-1] >= 4 * ns[0]
     sat = compute_signal_n(fit_beta_binomial(counts), PlanConstraints())
-    assert ns[-2] == sat  # saturated at the signal n ...
-    assert all(m >= 100 for m in ms[2:])  # ... and every affordable plan keeps the step floor
+    assert ns[-3:] == [sat] * 3  # saturated at the signal n ...
+    assert all(m >= 100 for m in ms[2:])  # ... every affordable plan keeps the step floor ...
+    assert bps[-1] > bps[-3]  # ... and past max_useful_steps compute goes into the batch
+
+
+def test_batch_reaches_target_informative_groups_before_n_grows():
+    counts = _counts(np.random.default_rng(4).beta(3.0, 17.0, size=64))
+    beta = fit_beta_binomial(counts)
+    plan = recommend_allocation(counts, 16384)
+    steps = plan.trace
+    first_n = next(i for i, t in enumerate(steps) if t["why"].startswith("double n"))
+    assert first_n > 1 and all(t["why"].startswith("double B_p") for t in steps[1:first_n])
+    before = steps[first_n - 1]
+    assert before["problems_per_step"] * compute_informative_fraction(beta, before["n"]) >= 4.0
+    # doubling n keeps the informative groups per step (the batch shrinks only as groups get richer)
+    assert plan.problems_per_step * plan.informative_fraction >= 4.0
 
 
 def test_small_budget_protects_steps_and_warns():

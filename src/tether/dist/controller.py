@@ -200,7 +200,7 @@ class AsyncRollouts:
             ids = torch.tensor([self.probe_ids])
             ref, _ = compute_logprobs(st.policy, ids, torch.ones_like(ids), 1.0)
         self._probe_refs[self._weights[0]] = ref[0, 1:].float().tolist()
-        for v in [v for v in self._probe_refs if v < self._weights[0] - self.d.max_staleness - 2]:
+        for v in [v for v in self._probe_refs if v < self._weights[0] - self.d.max_staleness - 8]:
             del self._probe_refs[v]
         self.published = self._weights[0]
         for s in self.slots.values():
@@ -311,8 +311,11 @@ class AsyncRollouts:
             if not ready:
                 self._expire()
                 continue
+            # and whatever else is ready (acks too), so that nothing waits for a later step
+            ready += [f for f in ray.wait(list(self.calls), num_returns=len(self.calls), timeout=0)[0] if f not in ready]
             for fut in ready:
-                self._handle(fut, self.calls.pop(fut))
+                if fut in self.calls:  # a failure handled above may have dropped its worker's calls
+                    self._handle(fut, self.calls.pop(fut))
         del self.batches[T]
         return [res for res in batch.results.values() if res is not None]
 

@@ -183,6 +183,7 @@ class TrainConfig(_Base):
     grad_clip: float | None = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, gt=0, description="token budget per micro-batch")
     max_bad_steps: int = Field(3, ge=1, description="halt after this many non-finite steps in a row")
+    pack_sequences: bool = Field(True, description="pack sequences into rows for scoring/training (same result, no padding compute)")
 
 
 class SFTConfig(_Base):

@@ -328,20 +328,28 @@ def compute_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int = 256,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs (and entropies) of `input_ids_BT` under the policy at `temperature`.
 
     Returns logp_BT, entropy_BT: [B,T]; entry t scores token t given tokens < t; column 0 is 0.
     Sequences are right-padded (positions are 0..L-1 for real tokens). Gradients flow when
     enabled by the caller; each chunk of positions is checkpointed so only hidden states are kept.
+    `pack`: run the backbone on packed rows (tether.policy.packing) when the model supports it.
     """
+    from tether.policy.packing import run_packed_backbone, supports_packing
+
     model = policy.model
     backbone, head = _backbone_and_head(model)
     ids = input_ids_BT.to(policy.device)
     am = attention_mask_BT.to(policy.device).long()
     pos = (am.cumsum(-1) - 1).clamp(min=0)
+    hidden = None
     with torch.autocast(policy.device.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-        hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
+        if pack and supports_packing(model):
+            hidden = run_packed_backbone(backbone, ids, am.sum(-1).tolist(), policy.pad_id)
+        if hidden is None:  # no cache: transformers would otherwise copy every layer's keys/values into one
+            hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
     h, targets = hidden[:, :-1], ids[:, 1:]
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)

@@ -184,6 +184,8 @@ class TrainConfig(_Base):
     micro_batch_tokens: int = Field(8192, gt=0, description="token budget per micro-batch")
     max_bad_steps: int = Field(3, ge=1, description="halt after this many non-finite steps in a row")
     pack_sequences: bool = Field(True, description="pack sequences into rows for scoring/training (same result, no padding compute)")
+    share_prefix: Literal["auto", "on", "off"] = Field(
+        "auto", description="compute a group's shared prefix once (MiniMax Forge); auto: when it skips >= 25% of tokens")
 
 
 class SFTConfig(_Base):

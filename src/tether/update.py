@@ -30,7 +30,8 @@ from tether.algos import (
 )
 from tether.batching import split_by_token_budget
 from tether.config import AlgoConfig, TrainConfig
-from tether.policy.hf import HFPolicy, ValueModel, compute_logprobs
+from tether.policy.hf import HFPolicy, ValueModel
+from tether.policy.prefix import compute_sequence_logprobs
 from tether.types import TrainBatch
 
 
@@ -94,9 +95,11 @@ def compute_microbatch_loss(
     ref_logp_BT: torch.Tensor | None,
     critic: ValueModel | None = None,
     pack: bool = False,
+    share: str = "off",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar loss of one micro-batch (already divided by the mini-batch's global norm)."""
-    logp, ent = compute_logprobs(policy, mb.input_ids_BT, mb.attention_mask_BT, temperature, with_entropy=True, pack=pack)
+    logp, ent = compute_sequence_logprobs(policy, mb.input_ids_BT, mb.attention_mask_BT, mb.seq_group_B, temperature,
+                                          with_entropy=True, pack=pack, share=share)
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
     old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
@@ -133,7 +136,8 @@ def compute_microbatch_loss(
 
 
 @torch.no_grad()
-def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: float, token_budget: int, pack: bool = False) -> torch.Tensor:
+def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: float, token_budget: int, pack: bool = False,
+                           share: str = "off") -> torch.Tensor:
     """log-probs of every sequence of `batch` (no grad), micro-batched by a token budget."""
     out = torch.zeros_like(batch.rollout_logp_BT)
     lengths = batch.attention_mask_BT.sum(-1).tolist()
@@ -141,7 +145,8 @@ def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: flo
         rows = torch.tensor(idx)
         mb = batch.select(rows)
         T = int(mb.attention_mask_BT.sum(-1).max())
-        lp, _ = compute_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T], temperature, pack=pack)
+        lp, _ = compute_sequence_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T], mb.seq_group_B,
+                                          temperature, pack=pack, share=share)
         out[rows, :T] = lp.float().cpu()
     return out
 
@@ -177,11 +182,11 @@ def run_update(
     if dp is not None:
         batch = dp.begin(batch, generator, state)
     fused = algo.epochs == 1 and algo.mini_batches == 1
-    pack = train.pack_sequences
-    old_all = None if fused else compute_batch_logprobs(policy, batch, temperature, train.micro_batch_tokens, pack)
+    pack, share = train.pack_sequences, train.share_prefix
+    old_all = None if fused else compute_batch_logprobs(policy, batch, temperature, train.micro_batch_tokens, pack, share)
     ref_all = None
     if ref_policy is not None and state.kl_coef > 0 and algo.kl.placement == "loss":
-        ref_all = compute_batch_logprobs(ref_policy, batch, temperature, train.micro_batch_tokens, pack)
+        ref_all = compute_batch_logprobs(ref_policy, batch, temperature, train.micro_batch_tokens, pack, share)
     acc = _Acc()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norms: list[float] = []
@@ -199,7 +204,7 @@ def run_update(
                 T = mb.input_ids_BT.shape[1]
                 old = None if old_all is None else old_all[mini_idx[rows], :T]
                 ref = None if ref_all is None else ref_all[mini_idx[rows], :T]
-                loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic, pack)
+                loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic, pack, share)
                 loss.backward()
                 acc.add(m, float(mb.loss_mask_BT.sum()))
             acc.end_minibatch()

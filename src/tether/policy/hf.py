@@ -340,7 +340,7 @@ def compute_logprobs(
     from tether.policy.packing import run_packed_backbone, supports_packing
 
     model = policy.model
-    backbone, head = _backbone_and_head(model)
+    backbone, _ = _backbone_and_head(model)
     ids = input_ids_BT.to(policy.device)
     am = attention_mask_BT.to(policy.device).long()
     pos = (am.cumsum(-1) - 1).clamp(min=0)
@@ -350,20 +350,31 @@ def compute_logprobs(
             hidden = run_packed_backbone(backbone, ids, am.sum(-1).tolist(), policy.pad_id)
         if hidden is None:  # no cache: transformers would otherwise copy every layer's keys/values into one
             hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
-    h, targets = hidden[:, :-1], ids[:, 1:]
+    lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size)
+    zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
+    return torch.cat([zero, lp], dim=1), torch.cat([zero, ent], dim=1)
+
+
+def compute_head_logprobs(model, h_BTH: torch.Tensor, targets_BT: torch.Tensor, temperature: float = 1.0,
+                          with_entropy: bool = False, chunk_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(targets_BT[:, t] | h_BTH[:, t]) and entropies via the LM head, in chunks of positions
+    (checkpointed under grad), so the B x T x V logits never exist at once."""
+    _, head = _backbone_and_head(model)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
     lps, ents = [], []
-    for s in range(0, h.shape[1], chunk_size):
-        args = (h[:, s:s + chunk_size], weight, bias, targets[:, s:s + chunk_size], 1.0 / temperature, softcap, with_entropy)
-        if torch.is_grad_enabled() and h.shape[1] > chunk_size:
+    for s in range(0, h_BTH.shape[1], chunk_size):
+        args = (h_BTH[:, s:s + chunk_size], weight, bias, targets_BT[:, s:s + chunk_size], 1.0 / temperature, softcap, with_entropy)
+        if torch.is_grad_enabled() and h_BTH.shape[1] > chunk_size:
             lp, en = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)
         else:
             lp, en = _chunk_logp_entropy(*args)
         lps.append(lp)
         ents.append(en)
-    zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
-    return torch.cat([zero] + lps, dim=1), torch.cat([zero] + ents, dim=1)
+    if not lps:
+        empty = h_BTH.new_zeros(h_BTH.shape[:2], dtype=torch.float32)
+        return empty, empty
+    return torch.cat(lps, dim=1), torch.cat(ents, dim=1)
 
 
 class ValueModel(torch.nn.Module):

@@ -7,24 +7,22 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from tether.config import SamplingConfig, TinyModelConfig
+from tiny_policy_helpers import make_tiny_policy
+
+from tether.config import SamplingConfig
 from tether.policy import decode
 from tether.policy.attention import NAME, use_fast_cpu_attention
 from tether.policy.hf import _make_decode_cache, _preallocated_layer_class, compute_logprobs, make_policy, run_generate
-from tether.policy.tiny import build_tiny_model, build_tokenizer
-
-CORPUS = [f"{a}+{b}={a + b}" for a in range(30) for b in range(30)]
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer(CORPUS, 300)
+def policy():
+    return make_tiny_policy(hidden=64, heads=4, inter=128, seed=1)
 
 
 @pytest.fixture(scope="module")
-def policy(tok):
-    model = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128), tok, seed=1)
-    return make_policy(model, tok)
+def tok(policy):
+    return policy.tokenizer
 
 
 def _gqa_models(vocab):
@@ -124,6 +122,6 @@ def test_cpu_bf16_attention_matches_sdpa_and_is_not_saved(policy, tmp_path):
 
 
 def test_make_policy_switches_attention_only_for_cpu_bf16(tok):
-    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok, seed=0)
+    model = make_tiny_policy(hidden=32, layers=1, inter=64, tok=tok).model
     assert make_policy(copy.deepcopy(model), tok).model.config._attn_implementation == "sdpa"
     assert make_policy(model, tok, autocast_bf16=True).model.config._attn_implementation == NAME

@@ -5,17 +5,15 @@ import copy
 import pytest
 import torch
 
-from tether.config import TinyModelConfig
-from tether.policy.hf import compute_logprobs, make_policy
+from tiny_policy_helpers import make_tiny_policy
+
+from tether.policy.hf import compute_logprobs
 from tether.policy.packing import compute_pack_plan, compute_pack_rows, supports_packing
-from tether.policy.tiny import build_tiny_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")
 def policy():
-    tok = build_tokenizer([f"{a}+{b}={a + b}" for a in range(30) for b in range(30)], 300)
-    model = build_tiny_model(TinyModelConfig(hidden_size=48, num_layers=2, num_heads=2, intermediate_size=96), tok, seed=2)
-    return make_policy(model, tok)
+    return make_tiny_policy(seed=2)
 
 
 def _batch(vocab, lengths, seed=0):

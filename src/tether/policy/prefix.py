@@ -1,0 +1,174 @@
+"""Prefix sharing (MiniMax Forge, "prefix tree merging"): score and train sequences that share a
+prefix without recomputing the shared part.
+
+The sequences of a group (the n rollouts of one prompt; the turns of an agent episode that
+share earlier turns) start with the same tokens. Padded scoring runs the transformer over that
+prefix once per sequence. Here each group's prefix is run once, its keys/values are handed to
+every sequence of the group as a KV cache, and only the suffixes are run on top of it:
+
+    prefix forward   [G, P]    -> hidden_P, keys/values per layer
+    suffix forward   [B, S]    with cache = keys/values[group_B]   -> hidden_S
+    log-probs        prefix positions from hidden_P (once per group), suffix positions from hidden_S
+
+Gradients flow through the cache into the prefix computation (autograd sums the B copies), so
+loss and gradients equal the unshared computation up to rounding
+(tests/unit/policy/test_prefix_sharing.py). The token saving is sum(P_g * (n_g - 1)): large for
+multi-turn groups with long shared contexts, small for short prompts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs
+
+
+def compute_shared_prefix_lengths(ids_BT: torch.Tensor, lengths_B: list[int], group_B: list[int]) -> tuple[list[int], dict[int, int]]:
+    """Sharing groups and their prefix lengths: (key_B, prefix[key]).
+
+    Within a group the prefix is the longest common prefix of its sequences, at most (shortest
+    length - 1) so that every sequence keeps a suffix token. A group whose sequences share no
+    first token is split into singletons (a singleton's "prefix" is its own first token)."""
+    key_B = list(group_B)
+    prefix: dict[int, int] = {}
+    fresh = max(group_B, default=0) + 1
+    for g in sorted(set(group_B)):
+        rows = [b for b, x in enumerate(group_B) if x == g]
+        limit = max(1, min(lengths_B[b] for b in rows) - 1)
+        first = ids_BT[rows[0], :limit]
+        P = limit
+        for b in rows[1:]:
+            diff = (ids_BT[b, :limit] != first).nonzero()
+            if len(diff):
+                P = min(P, int(diff[0]))
+        if P >= 1:
+            prefix[g] = P
+            continue
+        for b in rows:  # nothing in common: no sharing
+            key_B[b], prefix[fresh] = fresh, 1
+            fresh += 1
+    return key_B, prefix
+
+
+def count_shared_tokens(lengths_B: list[int], group_B: list[int], prefix: dict[int, int]) -> tuple[int, int]:
+    """(tokens the unshared path runs, tokens the shared path runs): no padding counted."""
+    shared = sum(prefix.values()) + sum(L - prefix[g] for L, g in zip(lengths_B, group_B))
+    return sum(lengths_B), shared
+
+
+def supports_prefix_sharing(model: torch.nn.Module) -> bool:
+    """Full-attention transformers models with the Cache API (sliding windows would change the math)."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        layers = DynamicCache(config=model.config).layers
+    except (ImportError, TypeError, AttributeError):
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _pad_rows(rows: list[torch.Tensor], pad, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+        mask[i, :len(r)] = 1
+    return out, mask
+
+
+def compute_logprobs_shared(
+    policy: HFPolicy,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    group_B: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`compute_logprobs` with each group's shared prefix computed once (same [B, T] outputs).
+
+    Sequences are right-padded; `group_B` says which sequences may share (their actual common
+    prefix is measured here, so a wrong grouping costs speed, never correctness)."""
+    from transformers import DynamicCache
+
+    model, dev = policy.model, policy.device
+    backbone, _ = _backbone_and_head(model)
+    ids = input_ids_BT.cpu()
+    lengths = attention_mask_BT.long().sum(-1).tolist()
+    groups, prefix = compute_shared_prefix_lengths(ids, lengths, [int(g) for g in group_B.tolist()])
+    order = sorted(prefix)
+    gi = {g: i for i, g in enumerate(order)}
+    row_g = torch.tensor([gi[g] for g in groups])
+    P_B = torch.tensor([prefix[g] for g in groups])
+    rep = {g: groups.index(g) for g in order}
+    p_ids, p_mask = _pad_rows([ids[rep[g], :prefix[g]] for g in order], policy.pad_id, ids.dtype)
+    s_ids, s_mask = _pad_rows([ids[b, int(P_B[b]):lengths[b]] for b in range(len(lengths))], policy.pad_id, ids.dtype)
+    Pmax, Smax = p_ids.shape[1], s_ids.shape[1]
+    kw = _cache_kwarg(backbone)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
+        cache = DynamicCache(config=model.config)
+        p_pos = torch.arange(Pmax)[None].expand(len(order), -1)
+        hidden_P = backbone(input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), position_ids=p_pos.to(dev),
+                            use_cache=True, **{kw: cache}).last_hidden_state  # [G, Pmax, H]
+        rows = DynamicCache(config=model.config)
+        idx = row_g.to(dev)
+        for layer, src in zip(rows.layers, cache.layers):
+            layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
+        s_pos = P_B[:, None] + torch.arange(Smax)[None]
+        mask = torch.cat([p_mask[row_g], s_mask], dim=1)
+        hidden_S = backbone(input_ids=s_ids.to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
+                            use_cache=True, **{kw: rows}).last_hidden_state  # [B, Smax, H]
+    lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size)
+    last_P = hidden_P[idx, (P_B - 1).to(dev)][:, None]  # predicts each sequence's first suffix token
+    h_S = torch.cat([last_P, hidden_S[:, :-1]], dim=1)
+    lp_S, ent_S = compute_head_logprobs(model, h_S, s_ids.to(dev), temperature, with_entropy, chunk_size)
+    index = _assemble_index(lengths, P_B.tolist(), row_g.tolist(), Pmax, Smax, ids.shape[1])
+    zero = lp_S.new_zeros(1)
+    lp = torch.cat([lp_P.reshape(-1), lp_S.reshape(-1), zero])[index.to(dev)]
+    ent = torch.cat([ent_P.reshape(-1), ent_S.reshape(-1), zero])[index.to(dev)]
+    return lp, ent
+
+
+def _assemble_index(lengths, P_B, row_g, Pmax, Smax, T) -> torch.Tensor:
+    """[B, T] positions into cat(lp_P [G, Pmax-1], lp_S [B, Smax], [0]): column t scores token t."""
+    G = max(row_g) + 1
+    n_P, n_S = G * (Pmax - 1), len(lengths) * Smax
+    index = torch.full((len(lengths), T), n_P + n_S, dtype=torch.long)  # column 0 and padding -> 0
+    for b, (L, P, g) in enumerate(zip(lengths, P_B, row_g)):
+        t = torch.arange(1, P)
+        index[b, 1:P] = g * (Pmax - 1) + (t - 1)
+        t = torch.arange(P, L)
+        index[b, P:L] = n_P + b * Smax + (t - P)
+    return index
+
+
+def compute_sequence_logprobs(
+    policy: HFPolicy,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    group_B: torch.Tensor | None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    pack: bool = True,
+    share: str = "auto",
+    min_saving: float = 0.25,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The update's scorer: prefix sharing ("on", or "auto" when it skips at least `min_saving` of
+    the tokens), else `compute_logprobs` (packed when `pack`). Same outputs either way."""
+    from tether.policy.hf import compute_logprobs
+
+    if share != "off" and group_B is not None and supports_prefix_sharing(policy.model):
+        lengths = attention_mask_BT.long().sum(-1).tolist()
+        if share == "on" or _saving(input_ids_BT, lengths, group_B) >= min_saving:
+            return compute_logprobs_shared(policy, input_ids_BT, attention_mask_BT, group_B, temperature, with_entropy)
+    return compute_logprobs(policy, input_ids_BT, attention_mask_BT, temperature, with_entropy=with_entropy, pack=pack)
+
+
+def _saving(ids_BT: torch.Tensor, lengths_B: list[int], group_B: torch.Tensor) -> float:
+    if min(lengths_B, default=0) < 2:
+        return 0.0
+    key, prefix = compute_shared_prefix_lengths(ids_BT.cpu(), lengths_B, [int(g) for g in group_B.tolist()])
+    unshared, shared = count_shared_tokens(lengths_B, key, prefix)
+    return 1.0 - shared / max(unshared, 1)

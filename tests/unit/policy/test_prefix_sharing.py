@@ -1,0 +1,84 @@
+"""Prefix sharing: identical log-probs, entropies and gradients to the unshared path."""
+
+import copy
+
+import pytest
+import torch
+
+from tiny_policy_helpers import make_tiny_policy
+
+from tether.policy.hf import compute_logprobs
+from tether.policy.prefix import (
+    compute_logprobs_shared,
+    compute_shared_prefix_lengths,
+    count_shared_tokens,
+    supports_prefix_sharing,
+)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_tiny_policy(seed=3)
+
+
+def _groups(vocab, seed=0):
+    """Group 0: 4 sequences sharing 10 tokens (an earlier turn); group 1: 3 sharing 6; group 2: one."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(4, vocab, (n,), generator=g)  # noqa: E731
+    p0, p1 = rand(10), rand(6)
+    seqs = [torch.cat([p0, rand(n)]) for n in (5, 1, 8, 3)] + [torch.cat([p1, rand(n)]) for n in (4, 9, 2)] + [rand(7)]
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2])
+    T = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+        mask[i, :len(s)] = True
+    return ids, mask, group
+
+
+def test_prefix_lengths_and_token_count(policy):
+    ids, mask, group = _groups(len(policy.tokenizer))
+    lengths = mask.sum(-1).tolist()
+    key, P = compute_shared_prefix_lengths(ids, lengths, group.tolist())
+    assert key == group.tolist() and P[0] == 10 and P[1] == 6 and P[2] == 6  # a lone sequence keeps a suffix token
+    unshared, shared = count_shared_tokens(lengths, key, P)
+    assert unshared - shared == 10 * 3 + 6 * 2
+    key, P = compute_shared_prefix_lengths(ids, lengths, [0] * len(ids))  # nothing in common: singletons
+    assert len(set(key)) == len(ids) and set(P.values()) == {1}
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_shared_prefix_equals_unshared_logprobs_and_gradients(policy, bf16):
+    assert supports_prefix_sharing(policy.model)
+    ids, mask, group = _groups(len(policy.tokenizer))
+    w = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    out = []
+    for shared in (False, True):
+        pol = copy.deepcopy(policy)
+        pol.autocast_bf16 = bf16
+        if shared:
+            lp, ent = compute_logprobs_shared(pol, ids, mask, group, temperature=0.9, with_entropy=True, chunk_size=4)
+        else:
+            lp, ent = compute_logprobs(pol, ids, mask, temperature=0.9, with_entropy=True)
+        ((lp + 0.1 * ent) * w).sum().backward()
+        out.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in pol.model.named_parameters()}))
+    keep = mask.clone()
+    keep[:, 0] = False
+    tol = 3e-2 if bf16 else 1e-5
+    assert torch.allclose(out[0][0][keep], out[1][0][keep], atol=tol)
+    assert torch.allclose(out[0][1][keep], out[1][1][keep], atol=tol)
+    assert (out[1][0][~keep] == 0).all()
+    for n in out[0][2]:
+        assert torch.allclose(out[0][2][n], out[1][2][n], atol=tol, rtol=1e-4 if not bf16 else 5e-2), n
+
+
+def test_wrong_grouping_costs_speed_not_correctness(policy):
+    ids, mask, _ = _groups(len(policy.tokenizer))
+    everyone = torch.zeros(len(ids), dtype=torch.long)  # claims all share: real common prefix is measured
+    with torch.no_grad():
+        a, _ = compute_logprobs(policy, ids, mask)
+        b, _ = compute_logprobs_shared(policy, ids, mask, everyone)
+    keep = mask.clone()
+    keep[:, 0] = False
+    assert torch.allclose(a[keep], b[keep], atol=1e-5)

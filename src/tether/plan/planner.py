@@ -24,7 +24,9 @@ here its per-problem success counts become
 The first version of this rule (v1) grew n before B_p and scored e(n) without the design effect;
 its iso-compute sweep (`benchmarks/plan_sweep.py`, docs/analysis.md) put it in the top quarter at
 small budgets but near the bottom at 16k rollouts, where large groups of few problems lost to
-small groups of many problems. v2 is that lesson; its own validation is on settings v1 never saw.
+small groups of many problems. v2 is that lesson; on the one setting it had not seen (count,
+8k rollouts) it ranked 9 of 25, outside the top quarter: the best runs there used n = 2-4, and
+v2 still grows n to 8. Treat n above 4 from this rule as a hypothesis to test, not a finding.
 
 The step floor encodes the playbook's other finding (sequential iterations M are the axis
 that low budgets must protect); with Adam each step moves the weights a bounded distance, so

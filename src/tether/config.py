@@ -166,7 +166,7 @@ class AlgoConfig(_Base):
         description="per stop reason (length, max_turns, timeout, ...): mask | keep | zero",
     )
     entropy_coef: float = Field(0.0, description="entropy bonus weight (loss -= coef * H)")
-    epochs: int = Field(1, ge=1, description="M: passes over each rollout batch")
+    epochs: int = Field(1, ge=1, description="passes over each rollout batch (PPO epochs, mu); IsoCompute M is train.steps")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass")
 
 

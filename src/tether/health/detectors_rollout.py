@@ -234,27 +234,32 @@ class LogpGapDetector(Detector):
 
 @register_detector
 class StallDetector(Detector):
-    """Steps taking far longer than during the baseline (a slow reward, environment or sync);
-    names the phase whose time grew most. Hangs are the watchdog's (monitor.py)."""
+    """Steps taking far longer than during the baseline because ONE phase (generate, reward, env,
+    batch, update) slowed down: a slow reward, environment or sync. A machine shared with other
+    jobs slows every phase alike; that is not reported. Hangs are the watchdog's (monitor.py)."""
 
     name, mode = "stall", "stall"
-    defaults = {"factor": 3.0, "z": 10.0}  # generous: shared machines make step times jittery
+    defaults = {"factor": 3.0, "z": 10.0, "phase_share": 0.6}
+    PHASES = ("time/generate", "time/reward", "time/env", "time/batch", "time/update")
 
     def evaluate(self, h, ctx):
         base, x = h.baseline("time/step"), _recent_mean(h, "time/step", 2)
         if base is None or x is None:
             return OK
-        if x > max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale):
-            grew = {}
-            for key in ("time/generate", "time/reward", "time/env", "time/batch", "time/update"):
-                b, v = h.baseline(key), finite(h.latest(key))
-                if b is not None and v is not None:
-                    grew[key] = v - b.median
-            phase = max(grew, key=grew.get) if grew else "unknown"
-            level = 2 if x > 4 * base.median else 1
-            return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s (most in {phase})", {
-                "time/step": _ev(x, base), "phase": phase}
-        return OK
+        if x <= max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale):
+            return OK
+        grew = {}
+        for key in self.PHASES:
+            b, v = h.baseline(key), _recent_mean(h, key, 2)
+            if b is not None and v is not None:
+                grew[key] = v - b.median
+        excess = sum(max(g, 0.0) for g in grew.values())
+        phase = max(grew, key=grew.get) if grew else None
+        if phase is None or excess <= 0 or grew[phase] < self.p["phase_share"] * excess:
+            return OK  # every phase slowed alike: contention, not a stalled component
+        level = 2 if x > 4 * self.p["factor"] * base.median else 1
+        return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s, mostly in {phase}", {
+            "time/step": _ev(x, base), "phase": phase}
 
 
 @register_detector

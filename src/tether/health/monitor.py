@@ -29,6 +29,9 @@ from tether.health.remediation import ACTIONS, Snapshot, do_rollback, take_snaps
 from tether.health.telemetry import History, compute_trajectory_stats, finite
 
 log = logging.getLogger("tether.health")
+# findings that mean the weights themselves are damaged: a repair then starts from a rollback
+DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
+          "length", "reward_hacking", "nonfinite", "advantage_misalignment"}
 
 
 def build_detectors(hc: Any) -> dict[str, Detector]:
@@ -210,8 +213,12 @@ class HealthMonitor:
         return not any(f.step >= step for f in self.findings[-20:])
 
     def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings) -> bool:
-        # detection lags the onset: a snapshot taken in the last step before `since` may already hold damage
-        snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None)
+        recent = {f.detector for f in self.findings if f.step > step - 10}
+        damaged = bool(recent & DAMAGE)
+        # damaged weights: back to the newest snapshot before the onset (detection lags the onset, so a
+        # snapshot from the step just before `since` may already hold damage); else undo point = now
+        snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None) if damaged else None
+        rollback = snap is not None
         evidence: dict[str, Any] = {}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
@@ -221,21 +228,23 @@ class HealthMonitor:
                 return self._give_up(st, step, hyp, snap, "the diagnosed cause needs a fix no setting can make")
             if self._tried >= self.hc.max_actions:
                 return self._give_up(st, step, hyp, snap, f"{self._tried} repairs tried (health.max_actions)")
-            if snap is not None:  # first roll back (a KL anchor is taken from the restored weights)
+            if rollback:  # first roll back (a KL anchor is taken from the restored weights)
                 do_rollback(st, snap)
+            undo = snap if rollback else take_snapshot(st, step)
             changes = ACTIONS[name].apply(st, cfg, evidence)
             if not changes:
                 continue
             self._tried += 1
             self._tried_for.setdefault(hyp.cause, []).append(name)
             pre = self._window_before(since)
-            self.trial = {"action": name, "start": step, "since": since, "snap": snap, "changes": changes,
+            self.trial = {"action": name, "start": step, "since": since, "snap": undo, "changes": changes,
                           "candidates": candidates, "hyp": hyp, "pre": pre, "evidence": evidence}
             for d in self.detectors.values():
                 d.reset()
-            if snap is not None:
+            if rollback:
                 self.history.discard(range(since, step + 1))
-            self._act("apply", step, name, hyp, changes, snap, discarded_from=since if snap is not None else None)
+            self._act("apply", step, name, hyp, changes, snap if rollback else None,
+                      discarded_from=since if rollback else None)
             return False
         if not hyp.actions:
             self._unactionable.add(hyp.cause)
@@ -256,7 +265,9 @@ class HealthMonitor:
         watch = set(ACTIONS[t["action"]].watch)
         bad = [f for f in self.findings if f.step > t["start"] + 1 and f.severity == "critical" and f.detector in watch]
         key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
-        now = [v for r in self.history.rows if r["step"] > t["start"] and (v := finite(r.get(key))) is not None]
+        trial_rows = [r for r in self.history.rows if r["step"] > t["start"]]
+        now = [v for r in trial_rows if (v := finite(r.get(key))) is not None]
+        unsafe = ACTIONS[t["action"]].guard(trial_rows)
         pre = t["pre"]
         pre_mean = sum(pre) / len(pre) if pre else None
         now_mean = sum(now) / len(now) if now else None
@@ -266,15 +277,15 @@ class HealthMonitor:
             tol = max(tol, 2 * (var / len(pre) + var / len(now)) ** 0.5)
         worse = pre_mean is not None and now_mean is not None and now_mean < pre_mean - tol
         self.trial = None
-        if not bad and not worse:
+        if not bad and not worse and not unsafe:
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean)
             return False
         if t["snap"] is not None:
             do_rollback(st, t["snap"])
         for c in reversed(t["changes"]):
             c.undo()
-        why = f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else \
-            f"{key} {now_mean:.3g} below pre-fault {pre_mean:.3g}"
+        why = unsafe or (f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else
+                         f"{key} {now_mean:.3g} below pre-fault {pre_mean:.3g}")
         self._act("revert", step, t["action"], t["hyp"], t["changes"], t["snap"], reason=why,
                   discarded_from=t["start"] if t["snap"] is not None else None)
         if t["snap"] is not None:

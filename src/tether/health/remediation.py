@@ -4,13 +4,17 @@ The catalogue holds small, revertible changes; each names the detectors that mus
 the change to count as a repair (`watch`). The controller (monitor.py, `health.mode=auto`):
 
 1. a critical finding -> diagnosis -> the top cause's candidate actions;
-2. roll the weights and optimizer moments back to the newest snapshot taken before the fault's
-   first evidence, apply the first applicable candidate;
+2. when the findings show damage to the policy (regression, entropy, KL, grad-norm, length,
+   reward-hacking signals), roll the weights and optimizer moments back to the newest snapshot
+   taken before the fault's first evidence; otherwise keep the weights (a snapshot of them is the
+   trial's undo point). Apply the first applicable candidate;
 3. watch `health.trial_window` steps: the change is KEPT if none of its `watch` detectors fired
-   critically and the window's verified accuracy is not below the pre-fault window's, otherwise
-   REVERTED (roll back again, undo the change) and the next candidate is tried;
-4. after `health.max_actions` tries, or when the cause calls for it (a code bug no setting can
-   fix), the run halts with a report.
+   critically, its guard raises nothing (e.g. a correction masking most tokens) and the window's
+   verified accuracy is not below the pre-fault window's; otherwise REVERTED (roll back again,
+   undo the change) and the next candidate is tried;
+4. with no candidate left (`health.max_actions` tries, or a cause no setting can fix: a code or
+   data bug), the run halts with a report at the last healthy weights once the fault costs
+   accuracy (a `regression` finding); until then it keeps training and advises.
 
 A rollback restores weights, optimizer moments and the update counters; it keeps the current
 hyper-parameters (the LR, temperature, ... in force), the data position and the RNG stream, and
@@ -110,6 +114,7 @@ class Action:
     title: str
     watch: tuple[str, ...]  # detectors that must stay quiet for the change to be kept
     apply: Callable[[Any, Any, dict], list[Change]]  # (st, cfg, evidence) -> changes; [] = not applicable
+    guard: Callable[[list[dict]], str | None] = lambda rows: None  # trial rows -> why the change is unsafe
 
 
 def _lower_lr(factor: float):
@@ -175,8 +180,8 @@ def _raise_max_tokens(factor: int):
 
 
 def _downweight_component(st, cfg, ev):
-    """Down-weight (x0.1) the component the reward-hacking evidence names, else the
-    non-correctness component with the largest weight."""
+    """Switch off (weight 0) the component the reward-hacking evidence names, else the
+    non-correctness component with the largest weight; the verified-correctness component stays."""
     comps = list(cfg.reward.components)
     correctness = cfg.reward.correctness or comps[0].name
     name = ev.get("component")
@@ -188,7 +193,7 @@ def _downweight_component(st, cfg, ev):
     i = next((i for i, c in enumerate(comps) if c.name == name), None)
     if i is None or name == correctness:
         return []
-    new = comps[i].model_copy(update={"weight": comps[i].weight * 0.1})
+    new = comps[i].model_copy(update={"weight": 0.0})
     changes = [_set_cfg(cfg, "reward.components", [*comps[:i], new, *comps[i + 1:]])]
     changes[0].path = f"reward.components[{name}].weight"
     changes[0].old, changes[0].new = comps[i].weight, new.weight
@@ -201,6 +206,14 @@ def _halt(st, cfg, ev):
     return []
 
 
+def _guard_masking(rows: list[dict]) -> str | None:
+    """A correction that throws away most of the batch is not a repair."""
+    fr = [r["is_mask_frac"] for r in rows if isinstance(r.get("is_mask_frac"), (int, float))]
+    if fr and sum(fr) / len(fr) > 0.5:
+        return f"the correction masked {sum(fr) / len(fr):.0%} of the tokens"
+    return None
+
+
 _HARM = ("grad_spike", "kl_explosion", "nonfinite", "regression")
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("lower_lr", "lower the learning rate 0.3x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3)),
@@ -209,11 +222,11 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("drop_entropy_bonus", "switch the entropy bonus off", _HARM + ("entropy_explosion",), _drop_entropy_bonus),
     Action("raise_kl", "add / raise a KL anchor to the last healthy weights", _HARM + ("entropy_explosion", "reward_hacking"), _raise_kl),
     Action("tighten_clip", "halve the clipping range", _HARM + ("clip_saturation",), _tighten_clip),
-    Action("enable_is_correction", "sequence-level masked importance sampling (MIS)", _HARM, _enable_is),
+    Action("enable_is_correction", "sequence-level masked importance sampling (MIS)", _HARM, _enable_is, _guard_masking),
     Action("raise_temperature", "raise the rollout temperature (to at least 1.0)", ("entropy_collapse", "regression"), _raise_temperature),
     Action("raise_max_tokens", "double max_new_tokens", ("truncation", "no_signal", "regression"), _raise_max_tokens(2)),
     Action("raise_max_tokens_x4", "quadruple max_new_tokens", ("truncation", "no_signal", "regression"), _raise_max_tokens(4)),
-    Action("downweight_component", "down-weight the reward component carrying the reward (x0.1)", ("reward_hacking", "regression"),
+    Action("downweight_component", "switch off the reward component carrying the reward", ("reward_hacking", "regression"),
            _downweight_component),
     Action("halt", "halt with a report", (), _halt),
 )}

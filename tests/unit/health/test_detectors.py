@@ -135,3 +135,11 @@ def test_every_failure_mode_has_a_doc_page():
 def test_environment_error_surge():
     found = replay(series(30, 6, {"e": _set("env/stop/env_error", 0.3)}), detector="error_surge")
     assert found and found[0].step == 15 and "env_error" in found[0].message
+
+
+def test_a_machine_slowed_by_other_jobs_is_not_a_stall():
+    def contended(row, step):
+        for k in ("time/step", "time/generate", "time/reward", "time/batch", "time/update"):
+            row[k] *= 5
+
+    assert replay(series(30, 7, {"c": contended}), detector="stall") == []

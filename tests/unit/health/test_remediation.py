@@ -171,3 +171,23 @@ def test_mode_off_is_a_null_monitor():
     mon = build_health(cfg)
     assert isinstance(mon, NullMonitor) and mon.observe(None, cfg, {}, []) is False
     assert TetherConfig.model_validate({"health": {"mode": False}}).health.mode == "off"  # YAML `off`
+
+
+def test_undamaged_weights_are_kept_and_an_unsafe_correction_is_reverted():
+    st, cfg = _state(), _cfg()
+    mon = HealthMonitor(cfg)
+    rng = random.Random(3)
+    for step in range(1, 30):
+        st.step = step
+        with torch.no_grad():
+            st.policy.model.weight.add_(1.0)
+        row = healthy_row(step, rng)
+        if step >= 15:
+            row["logp_gap_mean"] = 0.2  # rollout/trainer mismatch: the weights are fine
+        if cfg.algo.correction.mode == "mask":
+            row["is_mask_frac"] = 0.7
+        mon.observe(st, cfg, row, [])
+    events = [(a["event"], a["action"], a["rollback_to"]) for a in mon.actions]
+    assert events[0][:2] == ("apply", "enable_is_correction") and events[0][2] is None  # no rollback
+    assert events[1][:2] == ("revert", "enable_is_correction") and "masked 70%" in mon.actions[1]["reason"]
+    assert cfg.algo.correction.mode == "truncate"

@@ -32,21 +32,32 @@ def _cfg(**health):
     return cfg
 
 
-def _run(mon, st, cfg, steps, sick):
-    """Drive the monitor with synthetic rows; `sick(st, step)` says whether the fault shows."""
-    rng = random.Random(0)
-    halted_at = None
+def _drive(mon, st, cfg, steps, edit, direct=False, seed=0):
+    """Feed the monitor synthetic rows; `edit(row, step)` injects the fault. `direct` skips
+    observe() (which recomputes health/* from trajectories) to feed health/* rows as given.
+    Returns the step auto mode halted at, or None."""
+    rng = random.Random(seed)
     for step in range(1, steps + 1):
         st.step = step
         with torch.no_grad():
             st.policy.model.weight.add_(1.0)  # "training" moves the weights
         row = healthy_row(step, rng)
+        edit(row, step)
+        if direct:
+            halted = mon._remediate(st, cfg, step, mon.run_detectors(step, row, build_context(cfg)))
+        else:
+            halted = mon.observe(st, cfg, row, [])
+        if halted:
+            return step
+    return None
+
+
+def _run(mon, st, cfg, steps, sick):
+    """`sick(st, step)`: whether the fault shows (as a grad-norm spike) at this step."""
+    def edit(row, step):
         if sick(st, step):
             row["grad_norm"] = 12.0
-        if mon.observe(st, cfg, row, []):
-            halted_at = step
-            break
-    return halted_at
+    return _drive(mon, st, cfg, steps, edit)
 
 
 def test_lower_lr_repairs_an_lr_fault_and_is_kept():
@@ -79,36 +90,28 @@ def test_failed_repairs_are_reverted_then_training_goes_on_while_accuracy_holds(
 def test_failed_repairs_halt_once_accuracy_regresses():
     st, cfg = _state(), _cfg(max_actions=2)
     mon = HealthMonitor(cfg)
-    rng = random.Random(0)
-    for step in range(1, 60):
-        st.step = step
-        row = healthy_row(step, rng)
+
+    def edit(row, step):
         if step >= 15:
             row["grad_norm"] = 12.0
         if step >= 35:
             row["accuracy"] = row["reward/mean"] = 0.05
-        if mon.observe(st, cfg, row, []):
-            break
+
+    step = _drive(mon, st, cfg, 60, edit)
     assert 35 < step < 40 and mon.halted and "regressed" in mon.halted
 
 
 def test_code_bug_halts_once_it_costs_accuracy_at_the_last_healthy_weights():
     st, cfg = _state(), _cfg()
     mon = HealthMonitor(cfg)
-    rng = random.Random(1)
-    for step in range(1, 40):
-        st.step = step
-        with torch.no_grad():
-            st.policy.model.weight.add_(1.0)
-        row = healthy_row(step, rng)
+
+    def edit(row, step):
         if step >= 15:
             row["health/group_mixed_frac"] = 0.5
         if step >= 22:
             row["accuracy"] = row["reward/mean"] = 0.05
-        # observe() recomputes health/* from trajectories; feed the detectors directly here
-        found = mon.run_detectors(step, row, build_context(cfg))
-        if mon._remediate(st, cfg, step, found):
-            break
+
+    step = _drive(mon, st, cfg, 40, edit, direct=True, seed=1)
     assert 22 < step < 27 and "grouped with the wrong prompt" in mon.halted
     assert mon.actions == []
     snap = max((s for s in mon.snapshots if s.step < 14), key=lambda s: s.step)  # before the onset, 1 step margin
@@ -176,17 +179,14 @@ def test_mode_off_is_a_null_monitor():
 def test_undamaged_weights_are_kept_and_an_unsafe_correction_is_reverted():
     st, cfg = _state(), _cfg()
     mon = HealthMonitor(cfg)
-    rng = random.Random(3)
-    for step in range(1, 30):
-        st.step = step
-        with torch.no_grad():
-            st.policy.model.weight.add_(1.0)
-        row = healthy_row(step, rng)
+
+    def edit(row, step):
         if step >= 15:
             row["logp_gap_mean"] = 0.2  # rollout/trainer mismatch: the weights are fine
         if cfg.algo.correction.mode == "mask":
             row["is_mask_frac"] = 0.7
-        mon.observe(st, cfg, row, [])
+
+    _drive(mon, st, cfg, 29, edit, seed=3)
     events = [(a["event"], a["action"], a["rollback_to"]) for a in mon.actions]
     assert events[0][:2] == ("apply", "enable_is_correction") and events[0][2] is None  # no rollback
     assert events[1][:2] == ("revert", "enable_is_correction") and "masked 70%" in mon.actions[1]["reason"]

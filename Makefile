@@ -26,9 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch goes in the same command as the project so that nothing pulls a CUDA build.
 	$(PY) -m pip install --quiet $(TORCH_SPEC) -e ".[$(EXTRAS)]"
 	# bubblewrap is the strong backend of the code sandbox (envs/sandbox.py); best effort, never fatal.
-	-command -v bwrap >/dev/null || (command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1) || true
+	-command -v bwrap >/dev/null || (command -v apt-get >/dev/null && (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap)) >/dev/null 2>&1) || true
 	# Debian's chromium renders `tether report` pages in the headless screenshot test; best effort, never fatal.
-	-test -x /usr/bin/chromium || (command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1) || true
+	-test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)) >/dev/null 2>&1) || true
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -40,8 +40,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
+# tether vs TRL side by side (both sizes, ablations, prefix sharing, learning curves; ~1 h on 2 busy
+# cores) -> benchmarks/results/vs_trl.json. A smoke run: make bench BENCH_ARGS=--quick
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) benchmarks/vs_trl.py
+	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -239,7 +239,7 @@ class StallDetector(Detector):
     jobs slows every phase alike; that is not reported. Hangs are the watchdog's (monitor.py)."""
 
     name, mode = "stall", "stall"
-    defaults = {"factor": 3.0, "z": 10.0, "phase_share": 0.6}
+    defaults = {"factor": 3.0, "z": 10.0, "phase_share": 0.6, "phase_ratio": 2.0}
     PHASES = ("time/generate", "time/reward", "time/env", "time/batch", "time/update")
 
     def evaluate(self, h, ctx):
@@ -248,15 +248,19 @@ class StallDetector(Detector):
             return OK
         if x <= max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale):
             return OK
-        grew = {}
+        grew, ratio = {}, {}
         for key in self.PHASES:
             b, v = h.baseline(key), _recent_mean(h, key, 2)
-            if b is not None and v is not None:
-                grew[key] = v - b.median
+            if b is not None and v is not None and b.median > 0:
+                grew[key], ratio[key] = v - b.median, v / b.median
         excess = sum(max(g, 0.0) for g in grew.values())
         phase = max(grew, key=grew.get) if grew else None
         if phase is None or excess <= 0 or grew[phase] < self.p["phase_share"] * excess:
-            return OK  # every phase slowed alike: contention, not a stalled component
+            return OK
+        # a machine shared with other jobs slows every substantial phase alike: not a stalled component
+        big = [r for k, r in ratio.items() if k != phase and h.baseline(k).median >= 0.1 * base.median]
+        if big and ratio[phase] < self.p["phase_ratio"] * max(big):
+            return OK
         level = 2 if x > 4 * self.p["factor"] * base.median else 1
         return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s, mostly in {phase}", {
             "time/step": _ev(x, base), "phase": phase}

@@ -143,3 +143,14 @@ def test_a_machine_slowed_by_other_jobs_is_not_a_stall():
             row[k] *= 5
 
     assert replay(series(30, 7, {"c": contended}), detector="stall") == []
+
+
+def test_contention_that_hits_the_biggest_phase_hardest_is_not_a_stall():
+    def contended(row, step):
+        row["time/update"] *= 12
+        row["time/generate"] *= 9
+        row["time/reward"] *= 8
+        row["time/batch"] *= 10
+        row["time/step"] = row["time/update"] + row["time/generate"] + row["time/reward"] + row["time/batch"]
+
+    assert replay(series(30, 8, {"c": contended}), detector="stall") == []

@@ -185,7 +185,7 @@ class TrainConfig(_Base):
     max_bad_steps: int = Field(3, ge=1, description="halt after this many non-finite steps in a row")
     pack_sequences: bool = Field(True, description="pack sequences into rows for scoring/training (same result, no padding compute)")
     share_prefix: Literal["auto", "on", "off"] = Field(
-        "auto", description="compute a group's shared prefix once (MiniMax Forge); auto: when it skips >= 25% of tokens")
+        "auto", description="compute a group's shared prefix once (MiniMax Forge); auto: when that runs fewer token positions")
 
 
 class SFTConfig(_Base):

@@ -153,22 +153,27 @@ def compute_sequence_logprobs(
     with_entropy: bool = False,
     pack: bool = True,
     share: str = "auto",
-    min_saving: float = 0.25,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The update's scorer: prefix sharing ("on", or "auto" when it skips at least `min_saving` of
-    the tokens), else `compute_logprobs` (packed when `pack`). Same outputs either way."""
+    """The update's scorer: prefix sharing ("on"; "auto": when it runs fewer token positions than
+    the packed or padded alternative), else `compute_logprobs`. Same outputs either way."""
     from tether.policy.hf import compute_logprobs
 
     if share != "off" and group_B is not None and supports_prefix_sharing(policy.model):
         lengths = attention_mask_BT.long().sum(-1).tolist()
-        if share == "on" or _saving(input_ids_BT, lengths, group_B) >= min_saving:
+        if share == "on" or _shared_is_cheaper(input_ids_BT, lengths, group_B, pack):
             return compute_logprobs_shared(policy, input_ids_BT, attention_mask_BT, group_B, temperature, with_entropy)
     return compute_logprobs(policy, input_ids_BT, attention_mask_BT, temperature, with_entropy=with_entropy, pack=pack)
 
 
-def _saving(ids_BT: torch.Tensor, lengths_B: list[int], group_B: torch.Tensor) -> float:
+def _shared_is_cheaper(ids_BT: torch.Tensor, lengths_B: list[int], group_B: torch.Tensor, pack: bool) -> bool:
+    """Token positions each path runs (padding included): groups x longest prefix + sequences x
+    longest suffix, against packed rows x width (or sequences x width)."""
+    from tether.policy.packing import compute_pack_rows
+
     if min(lengths_B, default=0) < 2:
-        return 0.0
+        return False
     key, prefix = compute_shared_prefix_lengths(ids_BT.cpu(), lengths_B, [int(g) for g in group_B.tolist()])
-    unshared, shared = count_shared_tokens(lengths_B, key, prefix)
-    return 1.0 - shared / max(unshared, 1)
+    shared = len(prefix) * max(prefix.values()) + len(lengths_B) * max(L - prefix[k] for L, k in zip(lengths_B, key))
+    T = max(lengths_B)
+    other = (len(compute_pack_rows(lengths_B, T)) if pack else len(lengths_B)) * T
+    return shared < other

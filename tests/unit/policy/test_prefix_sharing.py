@@ -82,3 +82,14 @@ def test_wrong_grouping_costs_speed_not_correctness(policy):
     keep = mask.clone()
     keep[:, 0] = False
     assert torch.allclose(a[keep], b[keep], atol=1e-5)
+
+
+def test_auto_shares_only_when_it_runs_fewer_positions(policy):
+    from tether.policy.prefix import _shared_is_cheaper
+
+    ids, mask, group = _groups(len(policy.tokenizer))
+    lengths = mask.sum(-1).tolist()
+    assert _shared_is_cheaper(ids, lengths, group, pack=True)  # 10- and 6-token prefixes, short suffixes
+    g = torch.Generator().manual_seed(5)
+    unrelated = torch.randint(4, len(policy.tokenizer), (6, 12), generator=g)
+    assert not _shared_is_cheaper(unrelated, [12] * 6, torch.zeros(6, dtype=torch.long), pack=True)

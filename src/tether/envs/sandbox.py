@@ -18,8 +18,8 @@ namespaces, but the host filesystem is visible), then `rlimits` (limits and the 
 Failures are values (DESIGN.md rule 9): `outcome` is `ok | error | timeout | killed | denied`;
 `infra_error` is set when the *sandbox* failed, not the program: mask or retry such a sample,
 never score it 0 (NeMo-Gym PR#2015). Known limits: uid 65534 is shared by concurrent executions,
-so NPROC is a joint budget (a fork bomb can stop a concurrent execution from starting, which is
-then an `infra_error`); in-process grading defeats naive tampering, not deliberate introspection.
+so NPROC is a joint budget (a fork bomb can stop a concurrent execution from starting: the
+launch is retried for about a second, then it is an `infra_error`); in-process grading defeats naive tampering, not deliberate introspection.
 """
 
 from __future__ import annotations
@@ -435,7 +435,20 @@ def run_sandboxed_python(code: str, limits: SandboxLimits | None = None, files: 
         raise ValueError(f"unknown sandbox backend {backend!r}; valid: {', '.join(BACKENDS)}")
     elif backend != "bwrap":
         _warn_once(backend, "forced by the caller (backend=...)")
+    for delay in _LAUNCH_RETRIES:
+        res = _run(code, limits, files, stdin, backend)
+        if not (res.infra_error and _transient_launch_failure(res)):
+            return res
+        time.sleep(delay)  # a concurrent execution holds uid 65534's process budget: it ends soon
     return _run(code, limits, files, stdin, backend)
+
+
+_LAUNCH_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds between launches that failed with EAGAIN
+
+
+def _transient_launch_failure(res: SandboxResult) -> bool:
+    """The launcher could not fork or create a namespace for lack of processes (EAGAIN)."""
+    return "Resource temporarily unavailable" in (res.infra_error or "") + res.stderr
 
 
 # --------------------------------------------------------------------------- grading by unit tests

@@ -208,6 +208,17 @@ def _make_decode_cache(model, capacity: int):
     return cache
 
 
+def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row from exp(logp_BV): the first token whose cumulative probability exceeds
+    u ~ U[0, total). One uniform per row instead of multinomial's one exponential per vocabulary
+    entry (the largest per-token sampling cost on CPU); float64 so that rounding never selects a
+    zero-probability (filtered) token."""
+    cdf = logp_BV.double().exp().cumsum(-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return torch.where(tok < cdf.shape[-1], tok, logp_BV.argmax(-1))  # u rounded up to the total: the mode
+
+
 def _lean_decoder(policy: HFPolicy, batch: int, capacity: int, cache):
     """tether.policy.decode.LeanDecoder over the prefilled `cache`, when the model is one it reproduces."""
     from tether.policy import decode
@@ -264,7 +275,7 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
                 if filtered:
                     logits = _filter_logits(logits, sampling.top_k, sampling.top_p)
                 logp_V = torch.log_softmax(logits, -1)
-                tok = torch.multinomial(logp_V.exp(), 1, generator=generator).squeeze(-1)
+                tok = _sample_inverse_cdf(logp_V, generator)
             tok = torch.where(finished, pad, tok)
             tokens[:, t] = tok
             logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)

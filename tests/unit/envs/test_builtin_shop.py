@@ -25,7 +25,7 @@ def _do(env, text):
 
 def test_catalog_tasks_and_splits_are_deterministic():
     cat = build_catalog()
-    assert len(cat) == 80 and len({p["title"] for p in cat}) == 80 and cat == build_catalog(0)
+    assert len(cat) == 120 and len({p["title"] for p in cat}) == 120 and cat == build_catalog(0)
     assert make_problems("shop", 30, 0) == make_problems("shop", 30, 0)
     for p in make_problems("shop", 50, 1):
         product = next(x for x in cat if x["id"] == p["product"])

@@ -234,7 +234,8 @@ class TestMore:
 
 @pytest.mark.parametrize("backend", ["rlimits", pytest.param("bwrap", marks=needs_bwrap)])
 def test_grading_counts_passes_and_partial_credit(backend):
-    assert run_python_tests("def add(a, b):\n    return a + b", TESTS, FAST, backend=backend)[:2] == (3, 3)
+    passed, total, res = run_python_tests("def add(a, b):\n    return a + b", TESTS, FAST, backend=backend)
+    assert (passed, total) == (3, 3), res
     passed, total, res = run_python_tests("def add(a, b):\n    return abs(a) + abs(b)", TESTS, FAST, backend=backend)
     assert (passed, total, res.outcome, res.infra_error) == (2, 3, "error", None)
     assert "FAILED test_negative" in res.stderr
@@ -250,7 +251,7 @@ def test_grading_ignores_tampered_tests(backend):
     tamper = ("open('test_solution.py', 'w').write('def test_small():\\n    pass\\n')\n"
               "def add(a, b):\n    return 0\n")
     passed, total, res = run_python_tests(tamper, TESTS, FAST, backend=backend)
-    assert (passed, total) == (1, 3) and res.infra_error is None  # only add(0, 0) == 0 holds
+    assert (passed, total) == (1, 3) and res.infra_error is None, res  # only add(0, 0) == 0 holds
     workspace = {"test_solution.py": "def test_fake():\n    pass\n"}
     assert run_python_tests("def add(a, b):\n    return 0", TESTS, FAST, files=workspace, backend=backend)[:2] == (1, 3)
     # A workspace module that shadows the stdlib the runner and unittest use is never imported.
@@ -304,7 +305,8 @@ def test_forced_rlimits_backend_warns_and_still_contains_resources(monkeypatch, 
         res = run_sandboxed_python("import sys\nprint(sys.stdin.read()[::-1])", FAST, stdin="abc", backend="rlimits")
     assert (res.outcome, res.stdout, res.backend) == ("ok", "cba\n", "rlimits")
     assert any("SANDBOX IS WEAK" in r.getMessage() and "'rlimits'" in r.getMessage() for r in caplog.records)
-    assert run_sandboxed_python("while True: pass", SandboxLimits(cpu_seconds=1), backend="rlimits").outcome == "timeout"
+    res = run_sandboxed_python("while True: pass", SandboxLimits(cpu_seconds=1), backend="rlimits")
+    assert res.outcome == "timeout", res
     res = run_sandboxed_python("b = bytearray(2_000_000_000)", SandboxLimits(memory_mb=200), backend="rlimits")
     assert res.outcome == "killed" and "MemoryError" in res.stderr
     res = run_sandboxed_python("open('big', 'wb').write(b'x' * 8_000_000)", SandboxLimits(file_size_mb=1),
@@ -348,3 +350,23 @@ def test_bad_arguments_are_programmer_errors():
         run_sandboxed_python("pass", files={"../escape.py": ""}, backend="rlimits")
     with pytest.raises(ValueError, match="wall_seconds"):
         SandboxLimits(wall_seconds=0)
+
+
+def test_launch_failing_for_lack_of_processes_is_retried_then_reported(monkeypatch):
+    """A concurrent execution holding uid 65534's NPROC budget makes bwrap's clone fail with EAGAIN:
+    transient, so the launch is retried; a persistent failure stays an infra_error, never a 0."""
+    eagain = SandboxResult("error", 1, "", "bwrap: Creating new namespace failed: Resource temporarily unavailable",
+                           0.0, "bwrap", infra_error="the sandbox failed before the program ran (exit 1)")
+    ok = SandboxResult("ok", 0, "42\n", "", 0.0, "bwrap")
+    calls = []
+    monkeypatch.setattr(sandbox, "_LAUNCH_RETRIES", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(sandbox, "_run", lambda *a: calls.append(a) or (eagain if len(calls) < 3 else ok))
+    assert run_sandboxed_python("print(6 * 7)", FAST, backend="bwrap") is ok and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(sandbox, "_run", lambda *a: calls.append(a) or eagain)
+    res = run_sandboxed_python("print(6 * 7)", FAST, backend="bwrap")
+    assert res.infra_error and len(calls) == 4  # three retries, then the failure is reported
+    other = SandboxResult("error", 1, "", "bwrap: No permissions to create new namespace", 0.0, "bwrap", infra_error="x")
+    calls.clear()
+    monkeypatch.setattr(sandbox, "_run", lambda *a: calls.append(a) or other)
+    assert run_sandboxed_python("print(6 * 7)", FAST, backend="bwrap") is other and len(calls) == 1  # not transient

@@ -125,3 +125,15 @@ def test_make_policy_switches_attention_only_for_cpu_bf16(tok):
     model = make_tiny_policy(hidden=32, layers=1, inter=64, tok=tok).model
     assert make_policy(copy.deepcopy(model), tok).model.config._attn_implementation == "sdpa"
     assert make_policy(model, tok, autocast_bf16=True).model.config._attn_implementation == NAME
+
+
+def test_inverse_cdf_sampler_draws_the_distribution_and_never_a_filtered_token():
+    from tether.policy.hf import _sample_inverse_cdf
+
+    probs = torch.tensor([0.5, 0.3, 0.0, 0.2, 0.0])
+    logp = torch.log(probs).expand(40000, -1)
+    tok = _sample_inverse_cdf(logp, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tok, minlength=5).float() / len(tok)
+    assert torch.allclose(freq, probs, atol=0.01) and freq[2] == 0 and freq[4] == 0
+    last = torch.log(torch.tensor([[0.0, 0.0, 1.0]])).expand(100, -1)  # all mass on the last token
+    assert (_sample_inverse_cdf(last, torch.Generator().manual_seed(1)) == 2).all()

@@ -55,9 +55,7 @@ FAMILIES: tuple[Family, ...] = (
     (("smallest", "lowest"), "xs", "min({xs})", ("max({xs})", "{xs}[0]"), lambda r: (r.sample(range(1, 30), 3),)),
     (("first", "head"), "xs", "{xs}[0]", ("{xs}[1]", "{xs}[-1]"), lambda r: (r.sample(range(1, 30), 3),)),
     (("last", "tail"), "xs", "{xs}[-1]", ("{xs}[0]", "{xs}[1]"), lambda r: (r.sample(range(1, 30), 3),)),
-    (("count_pos", "positives"), "xs", "len([v for v in {xs} if v > 0])", ("len([v for v in {xs} if v < 0])",
-                                                                          "len({xs})"),
-     lambda r: ([r.randint(-9, 9) for _ in range(4)],)),
+    (("halve", "half"), "n", "{n} // 2", ("{n} * 2", "{n} // 3"), lambda r: (r.randint(6, 40),)),
     (("square", "sq"), "n", "{n} * {n}", ("{n} * 2", "{n} + {n}"), lambda r: (r.randint(3, 9),)),
 )
 PARAMS = {"ab": (("a", "b"), ("x", "y"), ("m", "n"), ("p", "q"), ("u", "v")),

@@ -16,8 +16,8 @@ and returns the top `top_k`. The episode ends with a reply without tool calls, `
 reward 1 when it names the answer (case and punctuation ignored), else 0; `info["correct"]`.
 
 The scripted expert searches each hop's entity, then answers. Its mistakes (`sft.demo_noise`):
-the final answer names the bridge entity (the classic multi-hop slip) or another entity of the
-answer's kind.
+the final answer names an entity it read on the way — a bridge entity (the classic multi-hop
+slip) or the first passage's other fact (the birth city when the employer was asked about).
 
 Task kwargs: `hops` (2 or [2, 3]), `top_k` (1), `world_seed` (0), `people` (400).
 """
@@ -124,14 +124,14 @@ def make_qa_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, An
     person = rng.choice(sorted(world.born))
     if kind == "born_country":
         chain = [person, world.born[person], world.city_country[world.born[person]]]
-        distractor = world.born[person]
     else:
         company = world.works[person]
         city = world.company_city[company]
         chain = [person, company, city] + ([world.city_country[city]] if kind == "employer_country" else [])
-        distractor = world.born[person] if kind == "employer_city" else city
+    # the wrong answers a careless reader of the same passages gives: a bridge, or the first passage's other fact
+    distractors = sorted({*chain[1:-1], world.born[person], world.works[person]} - {chain[-1]})
     return {"id": f"qa-{i}", "prompt": QUESTIONS[kind].format(p=person), "answer": chain[-1], "queries": chain[:-1],
-            "kind": kind, "distractor": distractor, "world_seed": seed, "people": people,
+            "kind": kind, "distractors": distractors, "world_seed": seed, "people": people,
             "top_k": int(kw.get("top_k", 1))}
 
 
@@ -189,14 +189,10 @@ def qa_expert(task: Mapping[str, Any], history: Sequence[Message]) -> str:
 
 
 def qa_mistake(task: Mapping[str, Any], history: Sequence[Message], action: str, rng: random.Random) -> str | None:
-    """A wrong final answer: the bridge/distractor entity, or another entity of the answer's kind."""
+    """A wrong final answer taken from the passages read: a bridge entity or the first passage's other fact."""
     if not action.startswith("Answer:"):
         return None
-    pool = COUNTRIES if task["answer"] in COUNTRIES else CITIES
-    others = [x for x in pool if x != task["answer"]]
-    near = task["distractor"] if task["distractor"] != task["answer"] else rng.choice(others)
-    wrong = near if rng.random() < 0.5 else rng.choice(others)
-    return f"Answer: {wrong}"
+    return f"Answer: {rng.choice(task['distractors'])}"
 
 
 @register_env("qa")

@@ -32,8 +32,8 @@ from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_
 from tether.policy.chat import Message
 
 SYSTEM = "Actions: search[words], open[id], buy[color, size]"
-TYPES = ("shirt", "scarf", "hat", "bag", "shoes", "mug", "lamp", "jacket", "sock", "belt")
-MATERIALS = ("wool", "cotton", "leather", "silk", "linen", "denim", "bamboo", "canvas")
+TYPES = ("shirt", "scarf", "hat", "bag", "shoes", "mug", "lamp", "jacket", "sock", "belt", "coat", "glove")
+MATERIALS = ("wool", "cotton", "leather", "silk", "linen", "denim", "bamboo", "canvas", "nylon", "velvet")
 COLORS = ("red", "blue", "black", "white", "green", "gray", "pink", "brown")
 SIZES = ("XS", "S", "M", "L", "XL")
 TOP_K = 3
@@ -81,7 +81,7 @@ def make_shop_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, 
     seed = int(kw.get("catalog_seed", 0))
     p = rng.choice(build_catalog(seed))
     color, size = rng.choice(p["colors"]), rng.choice(p["sizes"])
-    budget = (p["price"] // 10 + 1) * 10
+    budget = (p["price"] // 10 + rng.randint(1, 3)) * 10
     prompt = f"Buy a {p['title']}, color {color}, size {size}, under ${budget}."
     return {"id": f"shop-{i}", "prompt": prompt, "product": p["id"], "material": p["material"], "type": p["type"],
             "color": color, "size": size, "budget": budget, "catalog_seed": seed, "answer": f"{p['id']} {color} {size}"}

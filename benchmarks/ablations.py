@@ -1,0 +1,165 @@
+"""Before/after of each tether speed change, in one process, arms alternating (part of vs_trl.py).
+
+    python benchmarks/ablations.py [--sizes small,large] [--reps 5]
+
+On the benchmark's own batch (8 prompts x 8 completions x up to 64 tokens of the reverse task):
+- decode: transformers' DynamicCache (a cat per token: the old path) -> preallocated cache ->
+  the lean Llama decode step, in fp32 and under bf16 autocast (ms per decode step);
+- training forward+backward (the loss's log-probs and entropies): padded fp32 -> bf16 autocast
+  with the stock sdpa attention -> bf16 with tether's CPU attention -> + sequence packing;
+- pi_old: the separate no-grad scoring pass that the fused path (1 epoch, 1 mini-batch) skips;
+- prefix sharing on this single-turn batch (short prompts: little to share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _alternate(arms: dict, reps: int) -> dict[str, float]:
+    for f in arms.values():
+        f()  # warm-up
+    times = {k: [] for k in arms}
+    for _ in range(reps):
+        for k, f in arms.items():
+            times[k].append(f())
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _batch(model_dir: Path, threads: int):
+    from bench_workers import load_cfg
+    from vs_trl import base_spec
+
+    from tether.policy.hf import load_policy
+    from tether.recipes.common import seed_everything, setup_problems
+    from tether.recipes.rl import RLState, collect_groups, make_train_batch
+
+    cfg = load_cfg(base_spec("tether", model_dir, "fp32", threads, 0))
+    seed_everything(0, False, threads)
+    train, _ = setup_problems(cfg)
+    policy = load_policy(str(model_dir))
+    policy.model.train()
+    st = RLState(cfg, policy, train)
+    groups, _ = collect_groups(st, cfg)
+    batch, _ = make_train_batch(st, cfg, groups)
+    prompts = [list(t.turns[0].context_ids) for g in groups for t in g.trajectories]
+    return policy, batch, prompts, cfg
+
+
+def decode_arms(policy, prompts, sampling, reps: int) -> dict[str, float]:
+    import torch
+    from transformers import DynamicCache
+
+    from tether.policy import hf
+
+    own_cache = hf._make_decode_cache
+
+    def arm(bf16: bool, mode: str):
+        pol = dataclasses.replace(policy, autocast_bf16=bf16, lean_decode=mode == "lean")
+
+        def run() -> float:
+            hf._make_decode_cache = (lambda m, c: DynamicCache(config=m.config)) if mode == "dynamic" else own_cache
+            g = torch.Generator().manual_seed(0)
+            t0 = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    s = hf._generate_batch(pol, prompts, sampling, g, False)
+            finally:
+                hf._make_decode_cache = own_cache
+            return (time.perf_counter() - t0) / max(len(x.token_ids) for x in s) * 1e3
+
+        return run
+
+    arms = {f"{p}/{m}": arm(p == "bf16", m) for p in ("fp32", "bf16") for m in ("dynamic", "preallocated", "lean")}
+    return {k + " ms/decode-step": v for k, v in _alternate(arms, reps).items()}
+
+
+def train_arms(policy, batch, reps: int) -> dict[str, float]:
+    import copy
+
+    from tether.policy.hf import compute_logprobs
+    from tether.policy.prefix import compute_logprobs_shared
+
+    sdpa = copy.deepcopy(policy.model)
+    sdpa.set_attn_implementation("sdpa")
+    fast = copy.deepcopy(policy.model)
+    from tether.policy.attention import use_fast_cpu_attention
+
+    use_fast_cpu_attention(fast)
+
+    def arm(model, bf16: bool, pack: bool = False, shared: bool = False):
+        pol = dataclasses.replace(policy, model=model, autocast_bf16=bf16)
+
+        def run() -> float:
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            if shared:
+                lp, ent = compute_logprobs_shared(pol, batch.input_ids_BT, batch.attention_mask_BT, batch.seq_group_B, with_entropy=True)
+            else:
+                lp, ent = compute_logprobs(pol, batch.input_ids_BT, batch.attention_mask_BT, with_entropy=True, pack=pack)
+            (lp * batch.loss_mask_BT).sum().backward()
+            return time.perf_counter() - t0
+
+        return run
+
+    arms = {"fp32 padded": arm(sdpa, False), "fp32 packed": arm(sdpa, False, pack=True),
+            "bf16 padded, stock sdpa": arm(sdpa, True), "bf16 padded, tether attention": arm(fast, True),
+            "bf16 packed, tether attention": arm(fast, True, pack=True),
+            "bf16 prefix-shared, tether attention": arm(fast, True, shared=True)}
+    return {k + " s fwd+bwd": v for k, v in _alternate(arms, reps).items()}
+
+
+def old_logprob_pass(policy, batch, cfg, reps: int) -> dict[str, float]:
+    import torch
+
+    from tether.update import compute_batch_logprobs
+
+    pol = dataclasses.replace(policy, autocast_bf16=True)
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compute_batch_logprobs(pol, batch, 1.0, cfg.train.micro_batch_tokens, pack=True)
+        return time.perf_counter() - t0
+
+    return {"pi_old scoring pass skipped by the fused path (bf16, packed) s": _alternate({"x": run}, reps)["x"]}
+
+
+def run_ablations(sizes: list[str], threads: int = 1, reps: int = 5) -> dict:
+    import torch
+
+    from tether.config import SamplingConfig
+    from vs_trl import build_model_dir
+
+    torch.set_num_threads(threads)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            model_dir = build_model_dir(size, Path(tmp) / size)
+            policy, batch, prompts, cfg = _batch(model_dir, threads)
+            r = reps if size == "small" else max(3, reps - 2)
+            res = {"tokens": int(batch.attention_mask_BT.sum()), "padded_tokens": int(batch.attention_mask_BT.numel())}
+            res.update(decode_arms(policy, prompts, SamplingConfig(max_new_tokens=64), r))
+            res.update(train_arms(policy, batch, r))
+            res.update(old_logprob_pass(policy, batch, cfg, r))
+            out[size] = res
+            print(f"  [ablations] {size}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="small,large")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    print(json.dumps(run_ablations(a.sizes.split(","), a.threads, a.reps), indent=2))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from tether.config import load_config
 from tether.recipes.rl_async import run_rl_async
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive("ray")]
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
         "model.tiny.intermediate_size=64", "logging.progress=false", "logging.tensorboard=false", "run.threads=1",

@@ -19,7 +19,7 @@ from tether.tasks import make_problems, make_splits
 from tether.types import Outcome, StopReason
 
 # uid 65534's NPROC is one budget for all executions: share the hostile sandbox tests' worker, never overlap them
-pytestmark = pytest.mark.xdist_group("sandbox")
+pytestmark = pytest.mark.exclusive("sandbox")
 
 
 def _call(name, **args):

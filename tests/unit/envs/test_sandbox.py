@@ -29,8 +29,8 @@ from tether.envs.sandbox import (
     run_sandboxed_python,
 )
 
-# One worker runs this whole file: uid 65534's NPROC budget is shared by concurrent executions.
-pytestmark = pytest.mark.xdist_group("sandbox")
+# No two of these run at once (any worker): uid 65534's NPROC budget is shared by concurrent executions.
+pytestmark = pytest.mark.exclusive("sandbox")
 
 HAVE_BWRAP = sandbox._probe("bwrap") is None
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason=f"bubblewrap unusable here ({sandbox._probe('bwrap')}); "

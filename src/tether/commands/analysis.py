@@ -88,6 +88,10 @@ def register(app: typer.Typer) -> None:
 
             typer.echo(format_plan(p))
 
+    _register_reports(app)
+
+
+def _register_reports(app: typer.Typer) -> None:
     @app.command()
     def fit(
         run_dirs: List[Path] = typer.Argument(..., help="one or more run directories"),

@@ -435,20 +435,15 @@ def run_sandboxed_python(code: str, limits: SandboxLimits | None = None, files: 
         raise ValueError(f"unknown sandbox backend {backend!r}; valid: {', '.join(BACKENDS)}")
     elif backend != "bwrap":
         _warn_once(backend, "forced by the caller (backend=...)")
-    for delay in _LAUNCH_RETRIES:
+    for delay in _LAUNCH_RETRIES:  # EAGAIN at launch: a concurrent execution holds uid 65534's NPROC
         res = _run(code, limits, files, stdin, backend)
-        if not (res.infra_error and _transient_launch_failure(res)):
+        if "Resource temporarily unavailable" not in (res.infra_error or ""):
             return res
-        time.sleep(delay)  # a concurrent execution holds uid 65534's process budget: it ends soon
+        time.sleep(delay)
     return _run(code, limits, files, stdin, backend)
 
 
 _LAUNCH_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds between launches that failed with EAGAIN
-
-
-def _transient_launch_failure(res: SandboxResult) -> bool:
-    """The launcher could not fork or create a namespace for lack of processes (EAGAIN)."""
-    return "Resource temporarily unavailable" in (res.infra_error or "") + res.stderr
 
 
 # --------------------------------------------------------------------------- grading by unit tests

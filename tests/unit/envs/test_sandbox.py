@@ -356,7 +356,8 @@ def test_launch_failing_for_lack_of_processes_is_retried_then_reported(monkeypat
     """A concurrent execution holding uid 65534's NPROC budget makes bwrap's clone fail with EAGAIN:
     transient, so the launch is retried; a persistent failure stays an infra_error, never a 0."""
     eagain = SandboxResult("error", 1, "", "bwrap: Creating new namespace failed: Resource temporarily unavailable",
-                           0.0, "bwrap", infra_error="the sandbox failed before the program ran (exit 1)")
+                           0.0, "bwrap", infra_error="the sandbox failed before the program ran (exit 1): bwrap: "
+                           "Creating new namespace failed: Resource temporarily unavailable")
     ok = SandboxResult("ok", 0, "42\n", "", 0.0, "bwrap")
     calls = []
     monkeypatch.setattr(sandbox, "_LAUNCH_RETRIES", (0.0, 0.0, 0.0))

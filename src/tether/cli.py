@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import pkgutil
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,15 @@ def _known_errors():
             TemplateError)
 
 
+def _fail_run(rd: Path, existed: bool, err: Exception) -> None:
+    """Fail with `err`; a run directory this command created that holds nothing but its config goes."""
+    files = [f for f in rd.rglob("*") if f.is_file() and f.name != "config.yaml"] if rd.is_dir() else [None]
+    if not existed and not files:
+        shutil.rmtree(rd, ignore_errors=True)
+        typer.echo(f"(removed the empty run directory {rd})", err=True)
+    fail(str(err), 1)
+
+
 def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool) -> None:
     """Shared body of `train` and `sft`: validate, pick the run dir, run, summarise."""
     _offline_env()
@@ -72,6 +82,7 @@ def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional
         fail("--resume needs --run-dir DIR (the run to continue)")
     rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
     typer.echo(f"run directory: {rd}")
+    existed = rd.exists()
     try:
         if kind == "sft":
             from tether.recipes.sft import run_sft
@@ -82,7 +93,7 @@ def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional
 
             summary = run_rl(cfg, rd, resume=resume)
     except _known_errors() as err:
-        fail(str(err), 1)
+        _fail_run(rd, existed, err)
     _print_summary(summary)
     typer.echo(f"run directory: {rd}")
 
@@ -119,12 +130,13 @@ def demo(
 
     rd = run_dir or default_run_dir("demo")
     typer.echo(f"run directory: {rd}")
+    existed = rd.exists()
     try:
         summary = run_demo(rd, overrides or [])
     except ConfigError as err:
         fail(str(err))
     except _known_errors() as err:
-        fail(str(err), 1)
+        _fail_run(rd, existed, err)
     _print_summary(summary)
     typer.echo(f"run directory: {rd}")
 

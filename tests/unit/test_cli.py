@@ -49,6 +49,12 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     r = runner.invoke(app, ["train", str(cfg), "--run-dir", str(tmp_path / "run")])
     assert r.exit_code == 1
     assert "model.path" in r.output and "no such directory" in r.output
+    assert not (tmp_path / "run").exists()  # the run directory it created held nothing: removed
+    kept = tmp_path / "kept"
+    (kept / "checkpoints" / "step-1").mkdir(parents=True)
+    (kept / "checkpoints" / "step-1" / "state.pt").write_bytes(b"x")  # a directory with work in it is never removed
+    r = runner.invoke(app, ["train", str(cfg), "--run-dir", str(kept)])
+    assert r.exit_code == 1 and (kept / "checkpoints" / "step-1" / "state.pt").exists()
 
 
 def test_malformed_dataset_line_names_file_and_line(tmp_path):

@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+# the task both sides train on: the single-turn demo (reverse words), the benchmark's fixed setting
+REVERSE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "reverse.yaml"
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -65,9 +68,8 @@ def peak_rss_mb() -> dict[str, float]:
 
 def load_cfg(spec: dict):
     from tether.config import load_config
-    from tether.recipes.demo import demo_config_path
 
-    return load_config(demo_config_path(), tether_overrides(spec))
+    return load_config(REVERSE_CONFIG, tether_overrides(spec))
 
 
 def tether_overrides(spec: dict) -> list[str]:
@@ -237,13 +239,12 @@ def measure_decode_floor(model, batch: int, bf16: bool, reps: int = 15) -> float
 
 
 def run_sft(spec: dict) -> dict:
-    """The demo's SFT cold start (weak teacher), saved to SPEC["out"]/final_model: the RL start of
+    """The reverse demo's SFT cold start (weak teacher), saved to SPEC["out"]/final_model: the RL start of
     the learning curves."""
     from tether.config import load_config
-    from tether.recipes.demo import demo_config_path
     from tether.recipes.sft import run_sft as tether_sft
 
-    cfg = load_config(demo_config_path(), [f"sft.steps={spec['sft_steps']}", f"run.threads={spec['threads']}",
+    cfg = load_config(REVERSE_CONFIG, [f"sft.steps={spec['sft_steps']}", f"run.threads={spec['threads']}",
                                            "logging.progress=false", "logging.tensorboard=false"])
     policy, summary = tether_sft(cfg, spec["out"])
     return {"steps": [], "summary": summary, "model": policy.model}

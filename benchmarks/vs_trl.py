@@ -21,8 +21,8 @@ Accounting (every figure says how far it is from this machine's limit, measured 
   matmuls for one step at the same batch (attention, sampling, bookkeeping free).
 
 Then: each speed change before/after (ablations.py), the prefix-sharing saving on a multi-turn
-group (bench_prefix.py), and learning curves (reward per step, equal samples, 3 seeds, the demo's
-task from the demo's SFT start).
+group (bench_prefix.py), and learning curves (reward per step, equal samples, 3 seeds, the reverse demo's
+task from the reverse demo's SFT start).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def machine_description(threads: int) -> dict:
 
 
 def build_model_dir(size: str, out: Path) -> Path:
-    """The demo's byte-level tokenizer (trained on the reverse task) + a tiny Llama of `size`."""
+    """The reverse demo's byte-level tokenizer (trained on the reverse task) + a tiny Llama of `size`."""
     from tether.config import TinyModelConfig
     from tether.policy.tiny import build_tiny_model, build_tokenizer
     from tether.recipes.common import setup_problems, tokenizer_corpus
@@ -203,7 +203,7 @@ def speed_size(size: str, args, work: Path) -> dict:
 
 
 def learning_curves(args, work: Path) -> dict:
-    """Reward per step for tether and TRL from the demo's SFT start, equal samples, `--seeds`."""
+    """Reward per step for tether and TRL from the reverse demo's SFT start, equal samples, `--seeds`."""
     sft_dir = work / "sft"
     spec = {"framework": "sft", "out": str(sft_dir), "threads": args.threads, "sft_steps": args.sft_steps}
     run_worker(spec, work)
@@ -293,7 +293,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads per process, both frameworks")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16", help="tether: bf16 = model.autocast_bf16")
     p.add_argument("--trl-precision", choices=["fp32", "bf16"], default="fp32", help="TRL: bf16 = GRPOConfig(bf16=True)")
-    p.add_argument("--curve-steps", type=int, default=80, help="RL steps per curve (the demo runs 80)")
+    p.add_argument("--curve-steps", type=int, default=80, help="RL steps per curve (configs/reverse.yaml runs 80)")
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     p.add_argument("--no-curves", action="store_true")
@@ -335,7 +335,7 @@ def main(argv=None) -> dict:
             print("[bench] prefix sharing on a multi-turn group", flush=True)
             results["prefix_sharing"] = run_prefix_bench(args.threads, precision=args.precision)
         if not args.no_curves:
-            print("[bench] learning curves (demo task, SFT start, equal samples)", flush=True)
+            print("[bench] learning curves (reverse task, SFT start, equal samples)", flush=True)
             results["learning"] = learning_curves(args, work)
     results["machine"]["load_avg_end"] = list(os.getloadavg())
     results["wall_s"] = time.perf_counter() - t0

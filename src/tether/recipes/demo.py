@@ -1,7 +1,10 @@
 """The embedded default (`make demo` / `tether demo`): the whole loop on a laptop CPU.
 
+The default task (`tether/configs/demo.yaml`) is agentic: multi-hop QA with a `search` tool over
+a bundled BM25 corpus, several turns per episode; `configs/reverse.yaml` is the single-turn one.
+
   1. build a tokenizer (trained with `tokenizers` on the task's text) and a small Llama locally;
-  2. SFT cold start on the task's expert demonstrations (recipes/sft.py);
+  2. SFT cold start on the task's (weak-teacher) expert demonstrations (recipes/sft.py);
   3. GRPO from the SFT model (recipes/rl.py), evaluating held-out pass@1 before and after;
   4. PNG plots of reward, accuracy, KL, entropy and length; summary.json with the figures.
 

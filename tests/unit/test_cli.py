@@ -55,6 +55,8 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     (kept / "checkpoints" / "step-1" / "state.pt").write_bytes(b"x")  # a directory with work in it is never removed
     r = runner.invoke(app, ["train", str(cfg), "--run-dir", str(kept)])
     assert r.exit_code == 1 and (kept / "checkpoints" / "step-1" / "state.pt").exists()
+    r = runner.invoke(app, ["pipeline", str(cfg), "--run-dir", str(tmp_path / "pipe")])
+    assert r.exit_code == 1 and "no such directory" in r.output and not (tmp_path / "pipe").exists()
 
 
 def test_malformed_dataset_line_names_file_and_line(tmp_path):

@@ -23,17 +23,18 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>"),
     ) -> None:
         """SFT on the task's (weak-teacher) demonstrations, then RL; summary.json holds the lift."""
-        from tether.cli import _known_errors, _load, _offline_env, _print_summary
+        from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary
         from tether.recipes.pipeline import run_pipeline
 
         _offline_env()
         cfg = _load(config, overrides or [])
         rd = run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         typer.echo(f"run directory: {rd}")
+        existed = rd.exists()
         try:
             summary = run_pipeline(cfg, rd)
         except _known_errors() as err:
-            _fail(str(err), 1)
+            _fail_run(rd, existed, err)
         _print_summary(summary)
 
     @app.command("compare-context")

@@ -253,7 +253,9 @@ from tether.dist.config import DistConfig, find_dist_problems  # noqa: E402  (ne
 class RunConfig(_Base):
     name: str = "run"
     seed: int = 0
-    deterministic: bool = False
+    deterministic: bool | None = Field(
+        None, description="torch deterministic algorithms; None: on for CPU-only runs (no measured cost there: "
+                          "two-thread CPU runs otherwise drift apart in the last bits within a few steps), off with CUDA")
     threads: int | None = Field(None, gt=0, description="torch intra-op threads")
 
 

@@ -26,13 +26,15 @@ from tether.policy.hf import HFPolicy, load_policy, make_policy
 from tether.tasks import demonstration, load_jsonl, make_splits
 
 
-def seed_everything(seed: int, deterministic: bool = False, threads: int | None = None) -> None:
-    """One seed reaches python, numpy and torch (pitfall 22)."""
+def seed_everything(seed: int, deterministic: bool | None = None, threads: int | None = None) -> None:
+    """One seed reaches python, numpy and torch (pitfall 22); `deterministic=None` is on without CUDA."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
     if threads:
         torch.set_num_threads(threads)
+    if deterministic is None:
+        deterministic = not torch.cuda.is_available()
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -1,6 +1,7 @@
 """CPU smoke tests of the recipes: learning happens, resume is exact, bad input is contained."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,8 +101,6 @@ def test_two_pipelines_on_two_threads_are_identical(tmp_path):
     default `run.deterministic=None` turns torch's deterministic algorithms on for CPU runs).
     With `run.deterministic=false` these two runs drifted apart at RL step 3 or 4 (grad_norm,
     logp_gap) in 2 of 2 measured pairs; with the default, 4 runs were identical."""
-    from pathlib import Path
-
     from tether.recipes.pipeline import run_pipeline
 
     reverse = Path(__file__).resolve().parents[2] / "configs" / "reverse.yaml"

@@ -8,7 +8,11 @@ On the benchmark's own batch (8 prompts x 8 completions x up to 64 tokens of the
 - training forward+backward (the loss's log-probs and entropies): padded fp32 -> bf16 autocast
   with the stock sdpa attention -> bf16 with tether's CPU attention -> + sequence packing;
 - pi_old: the separate no-grad scoring pass that the fused path (1 epoch, 1 mini-batch) skips;
-- prefix sharing on this single-turn batch (short prompts: little to share).
+- prefix sharing on this single-turn batch (short prompts: little to share), with the suffixes
+  run as one padded forward (the old path) and in length buckets (each padded to its own longest);
+- glibc malloc keeping freed memory (`run.retain_memory`, tether.runtime): a process-wide
+  setting, so its arms are whole RL runs in fresh processes (bench_workers.py), alternating, and
+  the figure is the median update time (forward, backward, optimizer) of their timed steps.
 """
 
 from __future__ import annotations
@@ -96,17 +100,23 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
 
     use_fast_cpu_attention(fast)
 
-    def arm(model, bf16: bool, pack: bool = False, shared: bool = False):
+    import tether.policy.prefix as prefix_mod
+
+    min_rows = prefix_mod.MIN_BUCKET_ROWS
+
+    def arm(model, bf16: bool, pack: bool = False, shared: bool = False, buckets: bool = True):
         pol = dataclasses.replace(policy, model=model, autocast_bf16=bf16)
 
         def run() -> float:
             model.zero_grad(set_to_none=True)
+            prefix_mod.MIN_BUCKET_ROWS = min_rows if buckets else 1 << 30  # 1 << 30: one suffix forward
             t0 = time.perf_counter()
             if shared:
                 lp, ent = compute_logprobs_shared(pol, batch.input_ids_BT, batch.attention_mask_BT, batch.seq_group_B, with_entropy=True)
             else:
                 lp, ent = compute_logprobs(pol, batch.input_ids_BT, batch.attention_mask_BT, with_entropy=True, pack=pack)
             (lp * batch.loss_mask_BT).sum().backward()
+            prefix_mod.MIN_BUCKET_ROWS = min_rows
             return time.perf_counter() - t0
 
         return run
@@ -114,8 +124,44 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
     arms = {"fp32 padded": arm(sdpa, False), "fp32 packed": arm(sdpa, False, pack=True),
             "bf16 padded, stock sdpa": arm(sdpa, True), "bf16 padded, tether attention": arm(fast, True),
             "bf16 packed, tether attention": arm(fast, True, pack=True),
-            "bf16 prefix-shared, tether attention": arm(fast, True, shared=True)}
+            "bf16 prefix-shared, one padded suffix forward": arm(fast, True, shared=True, buckets=False),
+            "bf16 prefix-shared, suffix length buckets": arm(fast, True, shared=True)}
     return {k + " s fwd+bwd": v for k, v in _alternate(arms, reps).items()}
+
+
+GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul")
+
+
+def gemm_breakdown(policy, batch) -> dict[str, float]:
+    """Where the training forward+backward's time goes (bf16, tether's default scoring path), from
+    one profiled run: seconds in matrix multiplies vs everything else (self CPU time; the
+    profiler's own overhead is in both), and the largest non-GEMM ops."""
+    import copy
+
+    import torch
+
+    from tether.policy.attention import use_fast_cpu_attention
+    from tether.policy.prefix import compute_sequence_logprobs
+
+    pol = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=True)
+    use_fast_cpu_attention(pol.model)  # what load_policy(..., autocast_bf16=True) runs with
+
+    def run():
+        pol.model.zero_grad(set_to_none=True)
+        lp, ent = compute_sequence_logprobs(pol, batch.input_ids_BT, batch.attention_mask_BT, batch.seq_group_B,
+                                            with_entropy=True, pack=True, share="auto")
+        (lp * batch.loss_mask_BT).sum().backward()
+
+    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev) / 1e6
+    gemm = sum(e.self_cpu_time_total for e in ev if e.key in GEMM_OPS) / 1e6
+    other = sorted((e for e in ev if e.key not in GEMM_OPS), key=lambda e: -e.self_cpu_time_total)[:6]
+    out = {"profiled fwd+bwd s": total, "of which GEMM s": gemm, "GEMM share": gemm / total}
+    out.update({f"non-GEMM {e.key} s": e.self_cpu_time_total / 1e6 for e in other})
+    return out
 
 
 def old_logprob_pass(policy, batch, cfg, reps: int) -> dict[str, float]:
@@ -132,6 +178,27 @@ def old_logprob_pass(policy, batch, cfg, reps: int) -> dict[str, float]:
         return time.perf_counter() - t0
 
     return {"pi_old scoring pass skipped by the fused path (bf16, packed) s": _alternate({"x": run}, reps)["x"]}
+
+
+def retain_memory_arms(model_dir: Path, threads: int, reps: int, work: Path) -> dict[str, float]:
+    """Median update seconds of whole RL runs (fresh processes, alternating) with glibc's default
+    malloc behaviour and with `run.retain_memory`, plus the page faults of each RL step."""
+    from vs_trl import base_spec, run_worker
+
+    times: dict[str, list[float]] = {"false": [], "true": []}
+    faults: dict[str, list[float]] = {"false": [], "true": []}
+    for _ in range(reps):
+        for flag in times:
+            spec = base_spec("tether", model_dir, "bf16", threads, 0)
+            spec.update(steps=3, tether_overrides=[f"run.retain_memory={flag}"])
+            res = run_worker(spec, work)
+            timed = res["steps"][spec["warmup"]:]
+            times[flag].append(statistics.median(s["phases"]["time/update"] for s in timed))
+            faults[flag].append(statistics.median(s["step_faults"] for s in timed))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"update s, glibc default malloc": med["false"], "update s, run.retain_memory": med["true"],
+            "page faults per RL step, glibc default": statistics.median(faults["false"]),
+            "page faults per RL step, run.retain_memory": statistics.median(faults["true"])}
 
 
 def run_ablations(sizes: list[str], threads: int = 1, reps: int = 5) -> dict:
@@ -151,6 +218,9 @@ def run_ablations(sizes: list[str], threads: int = 1, reps: int = 5) -> dict:
             res.update(decode_arms(policy, prompts, SamplingConfig(max_new_tokens=64), r))
             res.update(train_arms(policy, batch, r))
             res.update(old_logprob_pass(policy, batch, cfg, r))
+            res.update(gemm_breakdown(policy, batch))
+            if size == "small":  # whole-run arms: small only (a large run is ~1 min per arm)
+                res.update(retain_memory_arms(model_dir, threads, r, Path(tmp)))
             out[size] = res
             print(f"  [ablations] {size}: " + ", ".join(f"{k} {v:.3g}" for k, v in res.items()), flush=True)
     return out

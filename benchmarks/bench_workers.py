@@ -107,7 +107,7 @@ def run_tether(spec: dict) -> dict:
     from tether.recipes.rl import RLState, run_rl_step
 
     cfg = load_cfg(spec)
-    seed_everything(cfg.run.seed, False, cfg.run.threads)
+    seed_everything(cfg.run.seed, False, cfg.run.threads, cfg.run.retain_memory)
     train, _ = setup_problems(cfg)
     m = cfg.model
     policy = load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
@@ -115,12 +115,15 @@ def run_tether(spec: dict) -> dict:
     st = RLState(cfg, policy, train)
     steps = []
     for _ in range(spec["warmup"] + spec["steps"]):
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         metrics, groups = run_rl_step(st, cfg)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
         st.step += 1
         turns = [t.turns[0] for g in groups for t in g.trajectories]
         rec = _step_record(metrics["time/step"], metrics["time/generate"], [t.context_ids for t in turns],
                            [t.action_ids for t in turns], metrics["reward/mean"])
         rec["phases"] = {k: v for k, v in metrics.items() if k.startswith("time/")}
+        rec["step_faults"] = float(faults)
         steps.append(rec)
     return {"steps": steps, "threads": torch.get_num_threads(), "model": policy.model}
 

@@ -257,6 +257,9 @@ class RunConfig(_Base):
         None, description="torch deterministic algorithms; None: on for CPU-only runs (no measured cost there: "
                           "two-thread CPU runs otherwise drift apart in the last bits within a few steps), off with CUDA")
     threads: int | None = Field(None, gt=0, description="torch intra-op threads")
+    retain_memory: bool | None = Field(
+        None, description="glibc malloc keeps freed memory for the next step instead of unmapping it (tether.runtime; "
+                          "fewer page faults); None: on for CPU-only runs")
 
 
 class ContextConfig(_Base):

@@ -34,7 +34,7 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
         from tether.recipes.evaluate import resolve_target
 
         cfg, model_dir, _ = resolve_target(target, overrides)
-        seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
+        seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
         train, _ = setup_problems(cfg)
         r = cfg.rollout

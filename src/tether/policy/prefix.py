@@ -19,6 +19,7 @@ multi-turn groups with long shared contexts, small for short prompts.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs
 
@@ -48,6 +49,44 @@ def compute_shared_prefix_lengths(ids_BT: torch.Tensor, lengths_B: list[int], gr
             key_B[b], prefix[fresh] = fresh, 1
             fresh += 1
     return key_B, prefix
+
+
+BUCKET_OVERHEAD_TOKENS = 64  # one more suffix forward costs about as much as this many token positions
+MIN_BUCKET_ROWS = 8  # below this the matmuls lose efficiency
+
+
+def plan_suffix_buckets(lengths_B: list[int], overhead: int | None = None, min_rows: int | None = None) -> list[list[int]]:
+    """Rows grouped into buckets of similar length, each padded only to its own longest row:
+    the split of the length-sorted rows that minimises sum(rows x longest) + overhead per bucket
+    (exact, by dynamic programming over the sorted order)."""
+    overhead = BUCKET_OVERHEAD_TOKENS if overhead is None else overhead
+    min_rows = MIN_BUCKET_ROWS if min_rows is None else min_rows
+    order = sorted(range(len(lengths_B)), key=lambda b: lengths_B[b])
+    n = len(order)
+    if n == 0:
+        return []
+    L = [lengths_B[b] for b in order]
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of rows order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            if j - i < min_rows and not (i == 0 and j == n):
+                continue
+            c = best[i] + (j - i) * L[j - 1] + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    if best[n] == float("inf"):  # fewer rows than min_rows
+        return [order]
+    out, j = [], n
+    while j > 0:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
+
+
+def padded_bucket_positions(lengths_B: list[int]) -> int:
+    """Token positions the bucketed suffix forward runs (padding included)."""
+    return sum(len(b) * max(lengths_B[i] for i in b) for b in plan_suffix_buckets(lengths_B))
 
 
 def count_shared_tokens(lengths_B: list[int], group_B: list[int], prefix: dict[int, int]) -> tuple[int, int]:
@@ -107,23 +146,35 @@ def compute_logprobs_shared(
     s_ids, s_mask = _pad_rows([ids[b, int(P_B[b]):lengths[b]] for b in range(len(lengths))], policy.pad_id, ids.dtype)
     Pmax, Smax = p_ids.shape[1], s_ids.shape[1]
     kw = _cache_kwarg(backbone)
+    S_B = s_mask.sum(-1).tolist()
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
         cache = DynamicCache(config=model.config)
         p_pos = torch.arange(Pmax)[None].expand(len(order), -1)
         hidden_P = backbone(input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), position_ids=p_pos.to(dev),
                             use_cache=True, **{kw: cache}).last_hidden_state  # [G, Pmax, H]
-        rows = DynamicCache(config=model.config)
-        idx = row_g.to(dev)
-        for layer, src in zip(rows.layers, cache.layers):
-            layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
-        s_pos = P_B[:, None] + torch.arange(Smax)[None]
-        mask = torch.cat([p_mask[row_g], s_mask], dim=1)
-        hidden_S = backbone(input_ids=s_ids.to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
-                            use_cache=True, **{kw: rows}).last_hidden_state  # [B, Smax, H]
+        suffix = []
+        for rows_b in plan_suffix_buckets(S_B):  # rows of similar suffix length: little padding
+            r = torch.tensor(rows_b)
+            W = max(S_B[b] for b in rows_b)
+            rc = DynamicCache(config=model.config)
+            idx = row_g[r].to(dev)
+            for layer, src in zip(rc.layers, cache.layers):
+                layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
+            s_pos = P_B[r, None] + torch.arange(W)[None]
+            mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
+            h = backbone(input_ids=s_ids[r, :W].to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
+                         use_cache=True, **{kw: rc}).last_hidden_state  # [rows, W, H]
+            suffix.append((r, W, h, idx))
     lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size)
-    last_P = hidden_P[idx, (P_B - 1).to(dev)][:, None]  # predicts each sequence's first suffix token
-    h_S = torch.cat([last_P, hidden_S[:, :-1]], dim=1)
-    lp_S, ent_S = compute_head_logprobs(model, h_S, s_ids.to(dev), temperature, with_entropy, chunk_size)
+    lps, ents = [], []
+    for r, W, h, idx in suffix:
+        last_P = hidden_P[idx, (P_B[r] - 1).to(dev)][:, None]  # predicts each sequence's first suffix token
+        lp_b, ent_b = compute_head_logprobs(model, torch.cat([last_P, h[:, :-1]], dim=1), s_ids[r, :W].to(dev),
+                                            temperature, with_entropy, chunk_size)
+        lps.append(F.pad(lp_b, (0, Smax - W)))
+        ents.append(F.pad(ent_b, (0, Smax - W)))
+    inv = torch.argsort(torch.cat([r for r, *_ in suffix])).to(dev)  # bucket order -> row order
+    lp_S, ent_S = torch.cat(lps)[inv], torch.cat(ents)[inv]
     index = _assemble_index(lengths, P_B.tolist(), row_g.tolist(), Pmax, Smax, ids.shape[1])
     zero = lp_S.new_zeros(1)
     lp = torch.cat([lp_P.reshape(-1), lp_S.reshape(-1), zero])[index.to(dev)]
@@ -166,14 +217,14 @@ def compute_sequence_logprobs(
 
 
 def _shared_is_cheaper(ids_BT: torch.Tensor, lengths_B: list[int], group_B: torch.Tensor, pack: bool) -> bool:
-    """Token positions each path runs (padding included): groups x longest prefix + sequences x
-    longest suffix, against packed rows x width (or sequences x width)."""
+    """Token positions each path runs (padding included): groups x longest prefix + the suffix
+    buckets' rows x longest, against packed rows x width (or sequences x width)."""
     from tether.policy.packing import compute_pack_rows
 
     if min(lengths_B, default=0) < 2:
         return False
     key, prefix = compute_shared_prefix_lengths(ids_BT.cpu(), lengths_B, [int(g) for g in group_B.tolist()])
-    shared = len(prefix) * max(prefix.values()) + len(lengths_B) * max(L - prefix[k] for L, k in zip(lengths_B, key))
+    shared = len(prefix) * max(prefix.values()) + padded_bucket_positions([L - prefix[k] for L, k in zip(lengths_B, key)])
     T = max(lengths_B)
     other = (len(compute_pack_rows(lengths_B, T)) if pack else len(lengths_B)) * T
     return shared < other

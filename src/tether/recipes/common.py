@@ -23,11 +23,18 @@ try:  # transformers' "Writing model shards" bars would flood the logs at every 
 except ImportError:  # pragma: no cover
     pass
 from tether.policy.hf import HFPolicy, load_policy, make_policy
+from tether.runtime import retain_freed_memory
 from tether.tasks import demonstration, load_jsonl, make_splits
 
 
-def seed_everything(seed: int, deterministic: bool | None = None, threads: int | None = None) -> None:
-    """One seed reaches python, numpy and torch (pitfall 22); `deterministic=None` is on without CUDA."""
+def seed_everything(seed: int, deterministic: bool | None = None, threads: int | None = None,
+                    retain_memory: bool | None = None) -> None:
+    """One seed reaches python, numpy and torch (pitfall 22); `deterministic=None` is on without CUDA.
+    `retain_memory` (None: on without CUDA): glibc keeps freed memory for reuse (tether.runtime)."""
+    if retain_memory is None:
+        retain_memory = not torch.cuda.is_available()
+    if retain_memory:
+        retain_freed_memory()
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)

@@ -232,7 +232,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
-    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
+    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
     train, held_out = setup_problems(cfg)
     ckpt = find_latest_checkpoint(rd) if resume else None
     if policy is None and ckpt is not None and not cfg.model.path:  # the checkpoint is a full HF model + tokenizer

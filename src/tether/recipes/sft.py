@@ -60,7 +60,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
-    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads)
+    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
     train, _ = setup_problems(cfg)
     if policy is None:
         policy = setup_policy(cfg, rd.root, train)

@@ -7,11 +7,13 @@ import torch
 
 from tiny_policy_helpers import make_tiny_policy
 
+import tether.policy.prefix as prefix_mod
 from tether.policy.hf import compute_logprobs
 from tether.policy.prefix import (
     compute_logprobs_shared,
     compute_shared_prefix_lengths,
     count_shared_tokens,
+    plan_suffix_buckets,
     supports_prefix_sharing,
 )
 
@@ -48,9 +50,14 @@ def test_prefix_lengths_and_token_count(policy):
     assert len(set(key)) == len(ids) and set(P.values()) == {1}
 
 
+@pytest.mark.parametrize("buckets", ["one", "per_length"])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_shared_prefix_equals_unshared_logprobs_and_gradients(policy, bf16):
+def test_shared_prefix_equals_unshared_logprobs_and_gradients(policy, bf16, buckets, monkeypatch):
     assert supports_prefix_sharing(policy.model)
+    if buckets == "per_length":  # every distinct suffix length its own suffix forward (8 of them)
+        monkeypatch.setattr(prefix_mod, "MIN_BUCKET_ROWS", 1)
+        monkeypatch.setattr(prefix_mod, "BUCKET_OVERHEAD_TOKENS", 0)
+        assert len(prefix_mod.plan_suffix_buckets([5, 1, 8, 3, 4, 9, 2, 1])) == 7
     ids, mask, group = _groups(len(policy.tokenizer))
     w = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
     out = []
@@ -93,3 +100,14 @@ def test_auto_shares_only_when_it_runs_fewer_positions(policy):
     g = torch.Generator().manual_seed(5)
     unrelated = torch.randint(4, len(policy.tokenizer), (6, 12), generator=g)
     assert not _shared_is_cheaper(unrelated, [12] * 6, torch.zeros(6, dtype=torch.long), pack=True)
+
+
+def test_suffix_buckets_minimise_padded_positions():
+    lengths = [64] * 20 + [10] * 20 + [40] * 24
+    buckets = plan_suffix_buckets(lengths, overhead=64, min_rows=8)
+    assert sorted(i for b in buckets for i in b) == list(range(64))  # every row exactly once
+    assert [sorted({lengths[i] for i in b}) for b in buckets] == [[10], [40], [64]]  # one length per bucket
+    assert sum(len(b) * max(lengths[i] for i in b) for b in buckets) == 20 * 64 + 20 * 10 + 24 * 40
+    assert plan_suffix_buckets([5, 6, 7], min_rows=8) == [[0, 1, 2]]  # too few rows to split
+    assert len(plan_suffix_buckets([10] * 30 + [11] * 30, overhead=64)) == 1  # a split would save less than it costs
+    assert plan_suffix_buckets([]) == []

@@ -10,8 +10,10 @@ repetition penalty on either side; TRL's resolved generation config is recorded 
 and one optimizer step per generated batch.
 
 Per step the result holds: step_s, gen_s (the sampling call alone), gen_tokens (completion
-tokens), train_tokens (prompt + completion tokens, no padding), gen_steps (decode steps: the
-longest completion), attn_sq (sum of squared sequence lengths, for attention FLOPs), reward.
+tokens), train_tokens (prompt + completion tokens, no padding), positions (token positions the
+training forward+backward actually ran, padding included: tether's `train/positions`, TRL's
+padded batch), gen_steps (decode steps: the longest completion), attn_sq (sum of squared
+sequence lengths, for attention FLOPs), reward.
 With `account`, the worker then measures this machine's limits under the same load: the matmul
 peak (fp32 and bf16) and the decode-step floor (the weight matmuls of one decode step).
 """
@@ -124,6 +126,7 @@ def run_tether(spec: dict) -> dict:
                            [t.action_ids for t in turns], metrics["reward/mean"])
         rec["phases"] = {k: v for k, v in metrics.items() if k.startswith("time/")}
         rec["step_faults"] = float(faults)
+        rec["positions"] = metrics["train/positions"]
         steps.append(rec)
     return {"steps": steps, "threads": torch.get_num_threads(), "model": policy.model}
 
@@ -156,6 +159,9 @@ def _trl_trainer(spec: dict, timings: dict):
         def on_step_end(self, args, state, control, **kw):
             rec = _step_record(time.perf_counter() - timings["t0"], timings["gen_s"], timings["prompts"],
                                timings["completions"], timings["rewards"][-1] if timings["rewards"] else float("nan"))
+            # TRL runs the backbone on left-padded prompts + right-padded completions: B x (max P + max C)
+            rec["positions"] = float(len(timings["prompts"]) * (max(map(len, timings["prompts"]), default=0)
+                                                                 + max(map(len, timings["completions"]), default=0)))
             timings["steps"].append(rec)
             timings.update(gen_s=0.0, prompts=[], completions=[])
 

@@ -16,7 +16,10 @@ What is compared (bench_workers.py holds the two sides):
 
 Accounting (every figure says how far it is from this machine's limit, measured in each run):
 - training FLOPs = 6 * params * tokens + 6 * layers * hidden * sum(L^2) (causal attention),
-  over (step time - generation time), against the GEMM peak measured in the same process;
+  over (step time - generation time), against the GEMM peak measured in the same process; tokens
+  are prompt + completion tokens, counted whether or not they were computed (prefix sharing
+  computes fewer, so this can pass 1.0); in brackets the same with the token positions each
+  framework actually ran (padding included, shared prefixes once): the hardware's share;
 - generation time against a decode-step floor: decode steps x the time of the model's weight
   matmuls for one step at the same batch (attention, sampling, bookkeeping free).
 
@@ -137,11 +140,18 @@ def summarize_run(run: dict, warmup: int) -> dict:
         "peak_rss_mb": run["peak_rss"]["total_mb"],
         "train_gflops_per_s": _med([f / t / 1e9 for f, t in zip(flops, train_s)]),
     }
+    if all("positions" in s for s in steps):  # the FLOPs actually run: positions instead of tokens
+        hw = [f + 6 * run["params"] * (s["positions"] - s["train_tokens"]) for f, s in zip(flops, steps)]
+        out["train_positions"] = _med([s["positions"] for s in steps])
+        out["train_run_gflops_per_s"] = _med([f / t / 1e9 for f, t in zip(hw, train_s)])
     if "matmul_peak_gflops" in run:
         pk = run["matmul_peak_gflops"]
         out["matmul_peak_gflops"] = pk
         out["train_frac_of_fp32_peak"] = out["train_gflops_per_s"] / pk["fp32"]
         out["train_frac_of_bf16_peak"] = out["train_gflops_per_s"] / pk["bf16"]
+        if "train_run_gflops_per_s" in out:
+            for prec in ("fp32", "bf16"):
+                out[f"train_run_frac_of_{prec}_peak"] = out["train_run_gflops_per_s"] / pk[prec]
         floor = [s["gen_steps"] * run["decode_floor_s"] for s in steps]
         out["decode_floor_s"] = _med(floor)
         out["gen_over_decode_floor"] = _med([s["gen_s"] / f for s, f in zip(steps, floor)])
@@ -261,7 +271,7 @@ def print_curves(lc: dict) -> None:
 
 def table(results: dict) -> str:
     """A markdown table of the headline figures (also pasted into README.md)."""
-    lines = ["| size | framework (precision) | s/step | rollout tok/s | train tok/s | peak RSS MB | train FLOP/s / matmul peak | gen time / decode floor |",
+    lines = ["| size | framework (precision) | s/step | rollout tok/s | train tok/s | peak RSS MB | train FLOP/s / matmul peak (positions run) | gen time / decode floor |",
              "|---|---|---|---|---|---|---|---|"]
     for size, r in results["sizes"].items():
         names = [n for n in r if isinstance(r[n], dict) and "s_per_step" in r[n]]
@@ -269,10 +279,11 @@ def table(results: dict) -> str:
             x = r[name]
             prec = r["trl_precision"] if name == "trl" else r["tether_precision"] if name == "tether" else name.split("_")[-1]
             fw = "TRL" if name == "trl" else "tether"
-            frac = x.get("train_frac_of_bf16_peak" if prec == "bf16" else "train_frac_of_fp32_peak", float("nan"))
+            frac = x.get(f"train_frac_of_{prec}_peak", float("nan"))
+            run_frac = x.get(f"train_run_frac_of_{prec}_peak", float("nan"))
             lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {fw} ({prec}) | {x['s_per_step']:.2f} | "
                          f"{x['rollout_tokens_per_s']:.0f} | {x['train_tokens_per_s']:.0f} | {x['peak_rss_mb']:.0f} | "
-                         f"{frac:.2f} of {prec} | {x.get('gen_over_decode_floor', float('nan')):.1f}x |")
+                         f"{frac:.2f} of {prec} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x |")
         lines.append(f"| {size} | **tether / TRL** | **{r['s_per_step_ratio']:.2f}** | {r['rollout_tokens_per_s_ratio']:.2f} | "
                      f"{r['train_tokens_per_s_ratio']:.2f} | **{r['peak_rss_ratio']:.2f}** | | |")
         for name in names[2:]:

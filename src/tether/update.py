@@ -188,6 +188,7 @@ def run_update(
     if ref_policy is not None and state.kl_coef > 0 and algo.kl.placement == "loss":
         ref_all = compute_batch_logprobs(ref_policy, batch, temperature, train.micro_batch_tokens, pack, share)
     acc = _Acc()
+    positions0 = policy.trained_positions
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norms: list[float] = []
     for _ in range(algo.epochs):
@@ -220,6 +221,7 @@ def run_update(
     out["nonfinite_steps"] = float(state.nonfinite_steps)
     out["lr"] = float(optimizer.param_groups[0]["lr"])
     out["optimizer_steps"] = float(len(grad_norms))
+    out["positions"] = float(policy.trained_positions - positions0)
     return out
 
 

@@ -57,6 +57,8 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     assert r.exit_code == 1 and (kept / "checkpoints" / "step-1" / "state.pt").exists()
     r = runner.invoke(app, ["pipeline", str(cfg), "--run-dir", str(tmp_path / "pipe")])
     assert r.exit_code == 1 and "no such directory" in r.output and not (tmp_path / "pipe").exists()
+    r = runner.invoke(app, ["compare-context", str(cfg), "--builders", "append", "--run-dir", str(tmp_path / "cc")])
+    assert r.exit_code == 1 and "no such directory" in r.output and not (tmp_path / "cc").exists()
 
 
 def test_malformed_dataset_line_names_file_and_line(tmp_path):

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>-context-<timestamp>"),
     ) -> None:
         """Agent-R1's comparison: the same pipeline per context builder; prints the ordering found."""
-        from tether.cli import _known_errors, _load, _offline_env
+        from tether.cli import _fail_run, _known_errors, _load, _offline_env
         from tether.envs.context import CONTEXT_BUILDERS
         from tether.recipes.pipeline import run_context_comparison
 
@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
             _fail(f"--seeds {seeds!r}: expected integers like 0,1,2", 2)
         rd = run_dir or Path("runs") / f"{cfg.run.name}-context-{time.strftime('%Y%m%d-%H%M%S')}"
         typer.echo(f"run directory: {rd}")
+        existed = rd.exists()
         try:
             run_context_comparison(cfg, rd, names, seed_list)
         except _known_errors() as err:
-            _fail(str(err), 1)
+            _fail_run(rd, existed, err)

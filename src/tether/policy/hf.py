@@ -39,10 +39,18 @@ class HFPolicy:
     autocast_bf16: bool = False
     version: int = 0  # bumped by the recipe after every optimizer step
     lean_decode: bool = True  # tether.policy.decode for Llama-family models; False: transformers per token
+    trained_positions: int = 0  # token positions run forward+backward so far (padding included): see count_trained
 
     @property
     def max_positions(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+
+def count_trained(policy: HFPolicy, positions: int) -> None:
+    """Add `positions` (rows x width a backbone call ran) to the policy's counter when gradients
+    are on: the update's hardware work, after packing, prefix sharing and padding."""
+    if torch.is_grad_enabled():
+        policy.trained_positions += int(positions)
 
 
 def find_stop_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
@@ -361,6 +369,7 @@ def compute_logprobs(
             hidden = run_packed_backbone(backbone, ids, am.sum(-1).tolist(), policy.pad_id)
         if hidden is None:  # no cache: transformers would otherwise copy every layer's keys/values into one
             hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
+    count_trained(policy, hidden.shape[0] * hidden.shape[1])
     lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size)
     zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
     return torch.cat([zero, lp], dim=1), torch.cat([zero, ent], dim=1)

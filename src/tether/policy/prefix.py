@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs
+from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs, count_trained
 
 
 def compute_shared_prefix_lengths(ids_BT: torch.Tensor, lengths_B: list[int], group_B: list[int]) -> tuple[list[int], dict[int, int]]:
@@ -152,6 +152,7 @@ def compute_logprobs_shared(
         p_pos = torch.arange(Pmax)[None].expand(len(order), -1)
         hidden_P = backbone(input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), position_ids=p_pos.to(dev),
                             use_cache=True, **{kw: cache}).last_hidden_state  # [G, Pmax, H]
+        count_trained(policy, hidden_P.shape[0] * Pmax)
         suffix = []
         for rows_b in plan_suffix_buckets(S_B):  # rows of similar suffix length: little padding
             r = torch.tensor(rows_b)
@@ -164,6 +165,7 @@ def compute_logprobs_shared(
             mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
             h = backbone(input_ids=s_ids[r, :W].to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
                          use_cache=True, **{kw: rc}).last_hidden_state  # [rows, W, H]
+            count_trained(policy, len(rows_b) * W)
             suffix.append((r, W, h, idx))
     lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size)
     lps, ents = [], []

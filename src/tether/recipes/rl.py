@@ -184,6 +184,7 @@ def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups) -> tuple
     um = run_update(st.policy, st.optimizer, st.scheduler, batch, cfg.algo, cfg.train, cfg.rollout.sampling.temperature,
                     st.update, st.ref, st.critic, st.generator, cfg.algo.agg.max_len or cfg.rollout.sampling.max_new_tokens,
                     dp=st.dp)
+    positions = um.pop("positions", float("nan"))
     metrics.update(um)
     st.policy.version += 1
     a = cfg.algo
@@ -199,6 +200,7 @@ def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups) -> tuple
         "kl_coef": st.update.kl_coef, "policy_version": float(st.policy.version),
         "time/rollout_total": t1 - t0, "time/batch": t2 - t1, "time/update": t3 - t2, "time/step": t3 - t0,
         "train/tokens_per_s": float(batch.attention_mask_BT.sum()) * a.epochs / max(t3 - t2, 1e-9),
+        "train/positions": positions,
     })
     return metrics, groups
 

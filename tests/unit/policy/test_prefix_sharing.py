@@ -111,3 +111,22 @@ def test_suffix_buckets_minimise_padded_positions():
     assert plan_suffix_buckets([5, 6, 7], min_rows=8) == [[0, 1, 2]]  # too few rows to split
     assert len(plan_suffix_buckets([10] * 30 + [11] * 30, overhead=64)) == 1  # a split would save less than it costs
     assert plan_suffix_buckets([]) == []
+
+
+def test_trained_positions_count_what_each_path_runs(policy):
+    """train/positions: the positions a grad-enabled scoring call ran (padding included)."""
+    ids, mask, group = _groups(len(policy.tokenizer))
+    pol = copy.deepcopy(policy)
+    with torch.no_grad():
+        compute_logprobs(pol, ids, mask)
+    assert pol.trained_positions == 0  # scoring without gradients is not training work
+    compute_logprobs(pol, ids, mask)
+    assert pol.trained_positions == ids.numel()  # padded: rows x width
+    pol.trained_positions = 0
+    compute_logprobs_shared(pol, ids, mask, group)
+    lengths = mask.sum(-1).tolist()
+    key, P = compute_shared_prefix_lengths(ids, lengths, group.tolist())
+    suffix = [L - P[k] for L, k in zip(lengths, key)]
+    buckets = plan_suffix_buckets(suffix)
+    expected = len(P) * max(P.values()) + sum(len(b) * max(suffix[i] for i in b) for b in buckets)
+    assert pol.trained_positions == expected < ids.numel()

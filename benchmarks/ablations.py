@@ -110,14 +110,17 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
         def run() -> float:
             model.zero_grad(set_to_none=True)
             prefix_mod.MIN_BUCKET_ROWS = min_rows if buckets else 1 << 30  # 1 << 30: one suffix forward
-            t0 = time.perf_counter()
-            if shared:
-                lp, ent = compute_logprobs_shared(pol, batch.input_ids_BT, batch.attention_mask_BT, batch.seq_group_B, with_entropy=True)
-            else:
-                lp, ent = compute_logprobs(pol, batch.input_ids_BT, batch.attention_mask_BT, with_entropy=True, pack=pack)
-            (lp * batch.loss_mask_BT).sum().backward()
-            prefix_mod.MIN_BUCKET_ROWS = min_rows
-            return time.perf_counter() - t0
+            try:
+                t0 = time.perf_counter()
+                if shared:
+                    lp, ent = compute_logprobs_shared(pol, batch.input_ids_BT, batch.attention_mask_BT, batch.seq_group_B,
+                                                      with_entropy=True)
+                else:
+                    lp, ent = compute_logprobs(pol, batch.input_ids_BT, batch.attention_mask_BT, with_entropy=True, pack=pack)
+                (lp * batch.loss_mask_BT).sum().backward()
+                return time.perf_counter() - t0
+            finally:
+                prefix_mod.MIN_BUCKET_ROWS = min_rows
 
         return run
 

@@ -20,7 +20,6 @@ musl): a no-op.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
@@ -36,14 +35,13 @@ def retain_freed_memory() -> bool:
     global _applied
     if _applied:
         return True
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-        gnu = ctypes.CDLL(None).gnu_get_libc_version  # glibc only
-    except (OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(None)  # the C library this process already runs on
+    except (OSError, TypeError):  # no dlopen(NULL) (Windows)
         return False
-    del gnu
+    if not hasattr(libc, "gnu_get_libc_version"):  # not glibc
+        return False
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = all(mallopt(p, v) == 1 for p, v in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
                                              (_M_TOP_PAD, TOP_PAD)))

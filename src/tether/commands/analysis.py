@@ -30,11 +30,11 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
         pilot = PilotResult.load(pilot_file)
     else:
         from tether.policy.hf import load_policy
-        from tether.recipes.common import seed_everything, setup_problems
+        from tether.recipes.common import seed_run, setup_problems
         from tether.recipes.evaluate import resolve_target
 
         cfg, model_dir, _ = resolve_target(target, overrides)
-        seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
+        seed_run(cfg.run)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
         train, _ = setup_problems(cfg)
         r = cfg.rollout

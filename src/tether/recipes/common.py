@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from tether.config import TetherConfig
+from tether.config import RunConfig, TetherConfig
 
 try:  # transformers' "Writing model shards" bars would flood the logs at every checkpoint
     from transformers.utils import logging as _hf_logging
@@ -45,6 +45,11 @@ def seed_everything(seed: int, deterministic: bool | None = None, threads: int |
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def seed_run(run: RunConfig) -> None:
+    """`seed_everything` with the run config's seed, determinism, threads and memory setting."""
+    seed_everything(run.seed, run.deterministic, run.threads, run.retain_memory)
 
 
 def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -13,7 +13,7 @@ from tether.eval.runner import run_eval
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import sanitize_json
 from tether.policy.hf import load_policy
-from tether.recipes.common import seed_everything, setup_problems
+from tether.recipes.common import seed_run, setup_problems
 
 
 def resolve_run(target: Path) -> Path:
@@ -59,7 +59,7 @@ def run_eval_command(target: Path, overrides: list[str], out: Path | None = None
                      plot: bool = True) -> tuple[dict[str, Any], Path]:
     """Evaluate and write eval.json (metrics, curves, what was evaluated); returns (metrics, path)."""
     cfg, model_dir, default_out = resolve_target(Path(target), overrides)
-    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
+    seed_run(cfg.run)
     policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     _, held_out = setup_problems(cfg)
     extra: dict[str, Any] = {}

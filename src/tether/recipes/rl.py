@@ -42,7 +42,7 @@ from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, ValueModel, load_policy
 from tether.recipes.common import (
-    graceful_interrupt, make_reference, progress_bar, reset_reference, seed_everything, setup_policy, setup_problems,
+    graceful_interrupt, make_reference, progress_bar, reset_reference, seed_run, setup_policy, setup_problems,
 )
 from tether.rollout import compute_rollout_stats, run_rollouts
 from tether.types import TrainBatch, TrajectoryGroup
@@ -234,7 +234,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
-    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
+    seed_run(cfg.run)
     train, held_out = setup_problems(cfg)
     ckpt = find_latest_checkpoint(rd) if resume else None
     if policy is None and ckpt is not None and not cfg.model.path:  # the checkpoint is a full HF model + tokenizer

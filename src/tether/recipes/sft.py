@@ -28,7 +28,7 @@ from tether.io.run_dir import make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, compute_logprobs
-from tether.recipes.common import graceful_interrupt, progress_bar, seed_everything, setup_policy, setup_problems
+from tether.recipes.common import graceful_interrupt, progress_bar, seed_run, setup_policy, setup_problems
 from tether.rollout import encode_prompt
 from tether.tasks import demonstration
 
@@ -60,7 +60,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
-    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.run.threads, cfg.run.retain_memory)
+    seed_run(cfg.run)
     train, _ = setup_problems(cfg)
     if policy is None:
         policy = setup_policy(cfg, rd.root, train)

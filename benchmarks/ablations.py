@@ -9,7 +9,9 @@ On the benchmark's own batch (8 prompts x 8 completions x up to 64 tokens of the
   with the stock sdpa attention -> bf16 with tether's CPU attention -> + sequence packing;
 - pi_old: the separate no-grad scoring pass that the fused path (1 epoch, 1 mini-batch) skips;
 - prefix sharing on this single-turn batch (short prompts: little to share), with the suffixes
-  run as one padded forward (the old path) and in length buckets (each padded to its own longest);
+  run as one padded forward (the old path) and in length buckets (each padded to its own longest),
+  through transformers' modules, tether's lean training forward, and that forward compiled
+  (`train.compile`; its compilation is in the warm-up call);
 - glibc malloc keeping freed memory (`run.retain_memory`, tether.runtime): a process-wide
   setting, so its arms are whole RL runs in fresh processes (bench_workers.py), alternating, and
   the figure is the median update time (forward, backward, optimizer) of their timed steps.
@@ -104,8 +106,8 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
 
     min_rows = prefix_mod.MIN_BUCKET_ROWS
 
-    def arm(model, bf16: bool, pack: bool = False, shared: bool = False, buckets: bool = True):
-        pol = dataclasses.replace(policy, model=model, autocast_bf16=bf16)
+    def arm(model, bf16: bool, pack: bool = False, shared: bool = False, buckets: bool = True, lean: str = "off"):
+        pol = dataclasses.replace(policy, model=model, autocast_bf16=bf16, lean_train=lean)
 
         def run() -> float:
             model.zero_grad(set_to_none=True)
@@ -128,7 +130,9 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
             "bf16 padded, stock sdpa": arm(sdpa, True), "bf16 padded, tether attention": arm(fast, True),
             "bf16 packed, tether attention": arm(fast, True, pack=True),
             "bf16 prefix-shared, one padded suffix forward": arm(fast, True, shared=True, buckets=False),
-            "bf16 prefix-shared, suffix length buckets": arm(fast, True, shared=True)}
+            "bf16 prefix-shared, suffix length buckets": arm(fast, True, shared=True),
+            "bf16 prefix-shared, buckets, lean forward": arm(fast, True, shared=True, lean="eager"),
+            "bf16 prefix-shared, buckets, lean forward compiled": arm(fast, True, shared=True, lean="compile")}
     return {k + " s fwd+bwd": v for k, v in _alternate(arms, reps).items()}
 
 

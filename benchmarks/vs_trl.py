@@ -12,7 +12,10 @@ What is compared (bench_workers.py holds the two sides):
   per framework); each run does 1 warm-up step then `--steps` timed steps; figures are medians
   over the runs of each run's median; `--warmup-rounds` adds discarded rounds;
 - tether runs with bf16 autocast by default (`--precision`), TRL in fp32 (`--trl-precision`, its
-  CPU setting in machine.md); the third arm is tether in TRL's precision, so both comparisons show.
+  CPU setting in machine.md); the third arm is tether in TRL's precision, so both comparisons show;
+  the fourth is tether with `train.compile=true` (its decoder layers through torch.compile; the
+  compilation falls in each run's warm-up step, and later processes reuse inductor's on-disk
+  cache). The headline ratios are tether's default settings against TRL's defaults.
 
 Accounting (every figure says how far it is from this machine's limit, measured in each run):
 - training FLOPs = 6 * params * tokens + 6 * layers * hidden * sum(L^2) (causal attention),
@@ -169,24 +172,27 @@ def summarize(runs: list[dict], warmup: int) -> dict:
     return out
 
 
-def arms(args) -> list[tuple[str, str, str]]:
-    """(name, framework, precision): tether as configured, TRL, and tether at TRL's precision."""
-    out = [("tether", "tether", args.precision), ("trl", "trl", args.trl_precision)]
+def arms(args) -> list[tuple[str, str, str, list[str]]]:
+    """(name, framework, precision, tether overrides): tether as configured, TRL, tether at TRL's
+    precision, and tether with its compiled training forward (`train.compile=true`)."""
+    out = [("tether", "tether", args.precision, []), ("trl", "trl", args.trl_precision, [])]
     if args.match_precision and args.precision != args.trl_precision:
-        out.append((f"tether_{args.trl_precision}", "tether", args.trl_precision))
+        out.append((f"tether_{args.trl_precision}", "tether", args.trl_precision, []))
+    if args.compiled_arm:
+        out.append(("tether_compiled", "tether", args.precision, ["train.compile=true"]))
     return out
 
 
 def speed_size(size: str, args, work: Path) -> dict:
     """Runs of every arm, alternating (A B C A B C ...), each in a fresh process."""
     model_dir = build_model_dir(size, work / f"model-{size}")
-    runs = {name: [] for name, _, _ in arms(args)}
+    runs = {name: [] for name, *_ in arms(args)}
     extra = {}
     rounds = args.warmup_rounds + args.runs
     for r in range(rounds):
-        for name, fw, prec in arms(args):
+        for name, fw, prec, overrides in arms(args):
             spec = base_spec(fw, model_dir, prec, args.threads, r)
-            spec.update(steps=args.steps, account=True)
+            spec.update(steps=args.steps, account=True, tether_overrides=overrides)
             res = run_worker(spec, work)
             counted = r >= args.warmup_rounds
             if counted:
@@ -202,10 +208,13 @@ def speed_size(size: str, args, work: Path) -> dict:
            "s_per_step_ratio": t["s_per_step"] / l_["s_per_step"], "peak_rss_ratio": t["peak_rss_mb"] / l_["peak_rss_mb"],
            "rollout_tokens_per_s_ratio": t["rollout_tokens_per_s"] / l_["rollout_tokens_per_s"],
            "train_tokens_per_s_ratio": t["train_tokens_per_s"] / l_["train_tokens_per_s"],
-           "tether_precision": args.precision, "trl_precision": args.trl_precision, **extra}
-    for name, _, prec in arms(args)[2:]:
-        out[f"s_per_step_ratio_{prec}"] = summ[name]["s_per_step"] / l_["s_per_step"]
-        out[f"peak_rss_ratio_{prec}"] = summ[name]["peak_rss_mb"] / l_["peak_rss_mb"]
+           "tether_precision": args.precision, "trl_precision": args.trl_precision,
+           "arm_precision": {name: prec for name, _, prec, _ in arms(args)},
+           "arm_overrides": {name: o for name, _, _, o in arms(args)}, **extra}
+    for name, *_ in arms(args)[2:]:
+        suffix = name.split("_", 1)[1]  # fp32 (TRL's precision) or compiled
+        out[f"s_per_step_ratio_{suffix}"] = summ[name]["s_per_step"] / l_["s_per_step"]
+        out[f"peak_rss_ratio_{suffix}"] = summ[name]["peak_rss_mb"] / l_["peak_rss_mb"]
     return out
 
 
@@ -277,8 +286,8 @@ def table(results: dict) -> str:
         names = [n for n in r if isinstance(r[n], dict) and "s_per_step" in r[n]]
         for name in names:
             x = r[name]
-            prec = r["trl_precision"] if name == "trl" else r["tether_precision"] if name == "tether" else name.split("_")[-1]
-            fw = "TRL" if name == "trl" else "tether"
+            prec = r["arm_precision"][name]
+            fw = "TRL" if name == "trl" else "tether, train.compile" if name == "tether_compiled" else "tether"
             frac = x.get(f"train_frac_of_{prec}_peak", float("nan"))
             run_frac = x.get(f"train_run_frac_of_{prec}_peak", float("nan"))
             lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {fw} ({prec}) | {x['s_per_step']:.2f} | "
@@ -287,9 +296,10 @@ def table(results: dict) -> str:
         lines.append(f"| {size} | **tether / TRL** | **{r['s_per_step_ratio']:.2f}** | {r['rollout_tokens_per_s_ratio']:.2f} | "
                      f"{r['train_tokens_per_s_ratio']:.2f} | **{r['peak_rss_ratio']:.2f}** | | |")
         for name in names[2:]:
-            prec = name.split("_")[-1]
-            lines.append(f"| {size} | tether ({prec}) / TRL ({r['trl_precision']}) | {r[f's_per_step_ratio_{prec}']:.2f} | | | "
-                         f"{r[f'peak_rss_ratio_{prec}']:.2f} | | |")
+            suffix, prec = name.split("_", 1)[1], r["arm_precision"][name]
+            label = f"tether ({prec}{', train.compile' if suffix == 'compiled' else ''})"
+            lines.append(f"| {size} | {label} / TRL ({r['trl_precision']}) | {r[f's_per_step_ratio_{suffix}']:.2f} | | | "
+                         f"{r[f'peak_rss_ratio_{suffix}']:.2f} | | |")
     return "\n".join(lines)
 
 
@@ -302,6 +312,8 @@ def parse_args(argv=None):
     p.add_argument("--no-match-precision", dest="match_precision", action="store_false",
                    help="skip the third arm: tether at TRL's precision")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process, both frameworks")
+    p.add_argument("--no-compiled-arm", dest="compiled_arm", action="store_false",
+                   help="skip the fourth arm: tether with train.compile=true (torch.compile of the training forward)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16", help="tether: bf16 = model.autocast_bf16")
     p.add_argument("--trl-precision", choices=["fp32", "bf16"], default="fp32", help="TRL: bf16 = GRPOConfig(bf16=True)")
     p.add_argument("--curve-steps", type=int, default=80, help="RL steps per curve (configs/reverse.yaml runs 80)")

@@ -39,6 +39,7 @@ class HFPolicy:
     autocast_bf16: bool = False
     version: int = 0  # bumped by the recipe after every optimizer step
     lean_decode: bool = True  # tether.policy.decode for Llama-family models; False: transformers per token
+    lean_train: str = "eager"  # tether.policy.lean_train for shared-prefix scoring: "eager", "compile" (train.compile), "off"
     trained_positions: int = 0  # token positions run forward+backward so far (padding included): see count_trained
 
     @property

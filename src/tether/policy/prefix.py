@@ -130,8 +130,6 @@ def compute_logprobs_shared(
 
     Sequences are right-padded; `group_B` says which sequences may share (their actual common
     prefix is measured here, so a wrong grouping costs speed, never correctness)."""
-    from transformers import DynamicCache
-
     model, dev = policy.model, policy.device
     backbone, _ = _backbone_and_head(model)
     ids = input_ids_BT.cpu()
@@ -145,26 +143,20 @@ def compute_logprobs_shared(
     p_ids, p_mask = _pad_rows([ids[rep[g], :prefix[g]] for g in order], policy.pad_id, ids.dtype)
     s_ids, s_mask = _pad_rows([ids[b, int(P_B[b]):lengths[b]] for b in range(len(lengths))], policy.pad_id, ids.dtype)
     Pmax, Smax = p_ids.shape[1], s_ids.shape[1]
-    kw = _cache_kwarg(backbone)
     S_B = s_mask.sum(-1).tolist()
+    runner = _lean_runner(policy) or _hf_runner(policy, backbone)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-        cache = DynamicCache(config=model.config)
         p_pos = torch.arange(Pmax)[None].expand(len(order), -1)
-        hidden_P = backbone(input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), position_ids=p_pos.to(dev),
-                            use_cache=True, **{kw: cache}).last_hidden_state  # [G, Pmax, H]
+        hidden_P, cache = runner(p_ids.to(dev), p_pos.to(dev), p_mask.to(dev), None, None)  # [G, Pmax, H]
         count_trained(policy, hidden_P.shape[0] * Pmax)
         suffix = []
         for rows_b in plan_suffix_buckets(S_B):  # rows of similar suffix length: little padding
             r = torch.tensor(rows_b)
             W = max(S_B[b] for b in rows_b)
-            rc = DynamicCache(config=model.config)
             idx = row_g[r].to(dev)
-            for layer, src in zip(rc.layers, cache.layers):
-                layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
             s_pos = P_B[r, None] + torch.arange(W)[None]
             mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
-            h = backbone(input_ids=s_ids[r, :W].to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
-                         use_cache=True, **{kw: rc}).last_hidden_state  # [rows, W, H]
+            h, _ = runner(s_ids[r, :W].to(dev), s_pos.to(dev), mask.to(dev), cache, idx)  # [rows, W, H]
             count_trained(policy, len(rows_b) * W)
             suffix.append((r, W, h, idx))
     lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size)
@@ -182,6 +174,40 @@ def compute_logprobs_shared(
     lp = torch.cat([lp_P.reshape(-1), lp_S.reshape(-1), zero])[index.to(dev)]
     ent = torch.cat([ent_P.reshape(-1), ent_S.reshape(-1), zero])[index.to(dev)]
     return lp, ent
+
+
+def _hf_runner(policy: HFPolicy, backbone):
+    """transformers' forward with a DynamicCache: (ids, positions, key mask, prefix cache, rows of
+    it per sequence) -> (hidden, cache)."""
+    from transformers import DynamicCache
+
+    kw = _cache_kwarg(backbone)
+    config = policy.model.config
+
+    def run(ids, pos, key_mask, past, idx):
+        cache = DynamicCache(config=config)
+        if past is not None:
+            for layer, src in zip(cache.layers, past.layers):
+                layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
+        h = backbone(input_ids=ids, attention_mask=key_mask, position_ids=pos, use_cache=True, **{kw: cache})
+        return h.last_hidden_state, cache
+
+    return run
+
+
+def _lean_runner(policy: HFPolicy):
+    """The same through tether.policy.lean_train (None when off or the model is not supported)."""
+    from tether.policy import lean_train
+
+    if policy.lean_train == "off" or not lean_train.supports(policy.model, policy.device):
+        return None
+    net = lean_train.LeanBackbone(policy.model, policy.autocast_bf16, compile=policy.lean_train == "compile")
+
+    def run(ids, pos, key_mask, past, idx):
+        keep = lean_train.causal_keep(key_mask, ids.shape[1])
+        return net(ids, pos, keep, None if past is None else past.select(idx))
+
+    return run
 
 
 def _assemble_index(lengths, P_B, row_g, Pmax, Smax, T) -> torch.Tensor:

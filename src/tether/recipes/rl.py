@@ -19,6 +19,7 @@ Deliberate simplifications:
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
+from tether.policy import lean_train
 from tether.policy.hf import HFPolicy, ValueModel, load_policy
 from tether.recipes.common import (
     graceful_interrupt, make_reference, progress_bar, reset_reference, seed_run, setup_policy, setup_problems,
@@ -55,6 +57,12 @@ class RLState:
     def __init__(self, cfg: TetherConfig, policy: HFPolicy, train_problems: list[dict[str, Any]]) -> None:
         a, t = cfg.algo, cfg.train
         self.policy = policy
+        if t.compile:  # tether.policy.lean_train, compiled (Llama-family models on a CPU)
+            policy.lean_train = "compile"
+            if not lean_train.supports(policy.model, policy.device):
+                warnings.warn("train.compile=true: only Llama-family models on a CPU have the compiled training "
+                              "forward (tether.policy.lean_train); this run trains through transformers' forward",
+                              stacklevel=2)
         self.stream = ProblemStream(train_problems, cfg.run.seed)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         params = list(policy.model.parameters())

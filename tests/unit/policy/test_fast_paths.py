@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from tiny_policy_helpers import make_tiny_policy
+from tiny_policy_helpers import gqa_models, make_tiny_policy
 
 from tether.config import SamplingConfig
 from tether.policy import decode
@@ -25,15 +25,6 @@ def tok(policy):
     return policy.tokenizer
 
 
-def _gqa_models(vocab):
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128))
-    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128))
-    return {"llama-gqa": llama, "qwen2-bias": qwen}
-
-
 def _prompts(tok, n=6):
     texts = ["12+3=", "1+2=", "29+29=", "7+", "3", "10+11="]
     return [tok.encode(t) for t in texts[:n]]
@@ -42,7 +33,7 @@ def _prompts(tok, n=6):
 def test_lean_decoder_logits_equal_transformers_at_every_step(policy, tok):
     # Left-padded prompts, GQA, q/k/v biases: each lean step's logits equal a full forward pass of
     # the sequence so far (the model's own math, fp32).
-    models = {"tiny-llama": policy.model, **_gqa_models(len(tok))}
+    models = {"tiny-llama": policy.model, **gqa_models(len(tok))}
     for name, model in models.items():
         assert decode.supports(model), name
         pol = dataclasses.replace(policy, model=model.eval())

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from tiny_policy_helpers import make_tiny_policy
+from tiny_policy_helpers import make_tiny_policy, right_pad
 
 import tether.policy.prefix as prefix_mod
 from tether.policy.hf import compute_logprobs
@@ -30,12 +30,7 @@ def _groups(vocab, seed=0):
     p0, p1 = rand(10), rand(6)
     seqs = [torch.cat([p0, rand(n)]) for n in (5, 1, 8, 3)] + [torch.cat([p1, rand(n)]) for n in (4, 9, 2)] + [rand(7)]
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2])
-    T = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), T, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = s
-        mask[i, :len(s)] = True
+    ids, mask = right_pad(seqs)
     return ids, mask, group
 
 
@@ -50,9 +45,10 @@ def test_prefix_lengths_and_token_count(policy):
     assert len(set(key)) == len(ids) and set(P.values()) == {1}
 
 
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
 @pytest.mark.parametrize("buckets", ["one", "per_length"])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_shared_prefix_equals_unshared_logprobs_and_gradients(policy, bf16, buckets, monkeypatch):
+def test_shared_prefix_equals_unshared_logprobs_and_gradients(policy, bf16, buckets, forward, monkeypatch):
     assert supports_prefix_sharing(policy.model)
     if buckets == "per_length":  # every distinct suffix length its own suffix forward (8 of them)
         monkeypatch.setattr(prefix_mod, "MIN_BUCKET_ROWS", 1)
@@ -64,6 +60,7 @@ def test_shared_prefix_equals_unshared_logprobs_and_gradients(policy, bf16, buck
     for shared in (False, True):
         pol = copy.deepcopy(policy)
         pol.autocast_bf16 = bf16
+        pol.lean_train = "eager" if forward == "lean" else "off"  # tether.policy.lean_train or transformers' modules
         if shared:
             lp, ent = compute_logprobs_shared(pol, ids, mask, group, temperature=0.9, with_entropy=True, chunk_size=4)
         else:

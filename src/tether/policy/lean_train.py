@@ -1,0 +1,179 @@
+"""A lean training forward for Llama-family models: the decoder layers as one pure function.
+
+transformers' modules build masks, rotary tables and cache objects around every call and run
+each element-wise step as its own kernel. For training on a CPU the element-wise passes over
+the activations (RMSNorm, rotary, SiLU x up, casts, residual adds, and their backward) cost
+about as much as the matmuls at hidden 256 (docs/performance.md). Here a decoder layer is one
+function of (activations, the layer's weights, rotary tables, a key mask, an optional prefix
+KV), so that
+
+- it runs eagerly with fewer ops than transformers' forward (no mask/cache objects), and
+- `torch.compile` can fuse its element-wise work, forward and backward, into a few generated
+  C++ (or Triton) kernels; the weights are arguments, not module attributes, so one compiled
+  graph serves every layer and, with dynamic shapes, every batch shape (`compile=True`).
+
+The math is transformers' under bf16 autocast: fp32 residual stream, norms and rotary; bf16
+projections; attention as bf16 matmuls around an fp32 softmax (tether.policy.attention).
+Equality of log-probs and gradients with transformers' forward: tests/unit/policy/test_lean_train.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tether.policy import decode
+from tether.policy.attention import EAGER_MAX_SCORES
+
+
+def supports(model: torch.nn.Module, device: torch.device | str = "cpu") -> bool:
+    """Plain Llama-family decoders on a CPU: the ones the lean decode step reproduces exactly,
+    with plain `nn.Linear` projections (no adapters or quantised layers), no attention dropout and
+    no gradient checkpointing (this forward would silently skip either). On a GPU transformers'
+    SDPA kernels are the better path."""
+    if torch.device(device).type != "cpu" or not decode.supports(model):
+        return False
+    cfg = model.config
+    checkpointing = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    if getattr(cfg, "attention_dropout", 0.0) or getattr(model, checkpointing, False):
+        return False
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        if any(type(x) is not torch.nn.Linear for x in linears) or a.o_proj.bias is not None:
+            return False
+        if any(getattr(x, "bias", None) is not None for x in (m.gate_proj, m.up_proj, m.down_proj)):
+            return False
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if any(not hasattr(n, "variance_epsilon") or set(dict(n.named_parameters())) != {"weight"} for n in norms):
+            return False
+    return True
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' x * cos + rotate_half(x) * sin, with cos/sin given for one half ([.., d/2]):
+    both halves of transformers' tables are the same."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin, keep, past_k, past_v,
+                  heads: int, kv_heads: int, eps1: float, eps2: float, bf16: bool):
+    """One decoder layer. x [B, S, H] fp32; cos/sin [B, 1, S, d/2]; keep [B, 1, S, P + S] (bool:
+    which keys each query sees); past_k/past_v [B, kv_heads, P, d] or None. Returns the new x and
+    this layer's keys/values over all P + S positions (for the suffixes that share this prefix)."""
+    B, S, _ = x.shape
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        h = _rms(x, ln1, eps1)
+        q = F.linear(h, wq, bq).view(B, S, heads, -1).transpose(1, 2)
+        k = F.linear(h, wk, bk).view(B, S, kv_heads, -1).transpose(1, 2)
+        v = F.linear(h, wv, bv).view(B, S, kv_heads, -1).transpose(1, 2)
+        q, k = _rope(q.float(), cos, sin), _rope(k.float(), cos, sin)
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        d = q.shape[-1]
+        kk, vv = k, v
+        if kv_heads != heads:  # grouped-query attention: repeat each key head for its queries
+            rep = heads // kv_heads
+            kk = k[:, :, None].expand(B, kv_heads, rep, k.shape[2], d).reshape(B, heads, k.shape[2], d)
+            vv = v[:, :, None].expand(B, kv_heads, rep, v.shape[2], d).reshape(B, heads, v.shape[2], d)
+        if B * heads * S * kk.shape[2] <= EAGER_MAX_SCORES:
+            scores = torch.matmul(q, kk.transpose(-1, -2)).float() * (d ** -0.5)
+            scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
+            o = torch.matmul(torch.softmax(scores, dim=-1), vv)
+        else:  # long sequences: fp32 SDPA, which never holds the whole score tensor
+            with torch.autocast(x.device.type, enabled=False):
+                o = F.scaled_dot_product_attention(q.float(), kk.float(), vv.float(), attn_mask=keep).to(vv.dtype)
+        o = o.transpose(1, 2).reshape(B, S, heads * d)
+        x = x + F.linear(o, wo).float()
+        h = _rms(x, ln2, eps2)
+        x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd).float()
+    return x, k, v
+
+
+_COMPILED = {}
+
+
+def _compiled_layer():
+    """`layer_forward` through torch.compile, with the batch and sequence dimensions of the
+    activations dynamic and the weights' static (dynamic=True would make the hidden size symbolic
+    too, and the generated element-wise kernels lose their vectorisation: no faster than eager)."""
+    fn = _COMPILED.get("layer")
+    if fn is None:
+        compiled = torch.compile(layer_forward, dynamic=None)
+
+        def fn(x, *args):
+            for t in (x, *args[12:18]):  # x, cos, sin, keep, past_k, past_v
+                if isinstance(t, torch.Tensor):
+                    for dim in (0, t.dim() - 2, t.dim() - 1) if t.dtype == torch.bool else (0, t.dim() - 2):
+                        torch._dynamo.maybe_mark_dynamic(t, dim)
+            return compiled(x, *args)
+
+        _COMPILED["layer"] = fn
+    return fn
+
+
+@dataclass
+class PrefixKV:
+    """Per-layer keys/values of a prefix forward: lists of [G, kv_heads, P, d]."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def select(self, idx: torch.Tensor) -> "PrefixKV":
+        return PrefixKV([k[idx] for k in self.keys], [v[idx] for v in self.values])
+
+
+class LeanBackbone:
+    """`backbone(ids, positions, keep, past)` -> (final-normed hidden [B, S, H], PrefixKV)."""
+
+    def __init__(self, model: torch.nn.Module, bf16: bool, compile: bool = False) -> None:
+        cfg, self.inner = model.config, model.model
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.bf16 = bf16
+        self.layer_fn = _compiled_layer() if compile else layer_forward
+
+    def _weights(self, layer) -> tuple:
+        a, m = layer.self_attn, layer.mlp
+        return (layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+                a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, layer.post_attention_layernorm.weight,
+                m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+
+    def rotary(self, pos_BS: torch.Tensor, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.inner.rotary_emb(torch.zeros((), dtype=dtype, device=pos_BS.device), pos_BS)
+        half = cos.shape[-1] // 2
+        return cos[:, None, :, :half].float(), sin[:, None, :, :half].float()
+
+    def __call__(self, ids_BS: torch.Tensor, pos_BS: torch.Tensor, keep_BSK: torch.Tensor,
+                 past: PrefixKV | None = None) -> tuple[torch.Tensor, PrefixKV]:
+        x = self.inner.embed_tokens(ids_BS).float()
+        cos, sin = self.rotary(pos_BS)
+        keep = keep_BSK[:, None]
+        keys, values = [], []
+        for i, layer in enumerate(self.inner.layers):
+            pk = None if past is None else past.keys[i]
+            pv = None if past is None else past.values[i]
+            x, k, v = self.layer_fn(x, *self._weights(layer), cos, sin, keep, pk, pv, self.heads, self.kv_heads,
+                                    layer.input_layernorm.variance_epsilon,
+                                    layer.post_attention_layernorm.variance_epsilon, self.bf16)
+            keys.append(k)
+            values.append(v)
+        norm = self.inner.norm
+        return _rms(x, norm.weight, norm.variance_epsilon), PrefixKV(keys, values)
+
+
+def causal_keep(key_mask_BK: torch.Tensor, S: int) -> torch.Tensor:
+    """[B, S, K] bool: query s (the last S of the K key positions) sees key j when j is not padding
+    and j <= its own position."""
+    K = key_mask_BK.shape[1]
+    q = torch.arange(K - S, K, device=key_mask_BK.device)[:, None]
+    j = torch.arange(K, device=key_mask_BK.device)[None]
+    return (j <= q)[None] & key_mask_BK.bool()[:, None, :]

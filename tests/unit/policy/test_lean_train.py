@@ -1,0 +1,128 @@
+"""The lean training forward (tether.policy.lean_train) must not change results: log-probs,
+entropies and every gradient equal transformers' forward, eager and compiled, for the model
+families it accepts; models it cannot reproduce exactly use transformers' forward."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from tiny_policy_helpers import gqa_models, make_tiny_policy, right_pad
+
+from tether.policy import lean_train
+from tether.policy.prefix import compute_logprobs_shared
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_tiny_policy(hidden=64, heads=4, inter=128, seed=2)
+
+
+def _batch(vocab, seed=0, suffixes=((5, 1, 8, 3), (4, 9, 2)), prefixes=(10, 6)):
+    """Groups of sequences sharing a prefix (an earlier turn), right-padded, plus one loner."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(4, vocab, (n,), generator=g)  # noqa: E731
+    seqs, group = [], []
+    for k, (P, ns) in enumerate(zip(prefixes, suffixes)):
+        p = rand(P)
+        seqs += [torch.cat([p, rand(n)]) for n in ns]
+        group += [k] * len(ns)
+    seqs.append(rand(7))
+    group.append(len(prefixes))
+    ids, mask = right_pad(seqs)
+    return ids, mask, torch.tensor(group)
+
+
+def _run(policy, mode, bf16, ids, mask, group):
+    pol = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=bf16, lean_train=mode)
+    lp, ent = compute_logprobs_shared(pol, ids, mask, group, temperature=0.9, with_entropy=True)
+    w = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    ((lp + 0.1 * ent) * w).sum().backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in pol.model.named_parameters()}
+
+
+def _assert_same(a, b, mask, tol, rtol):
+    keep = mask.clone()
+    keep[:, 0] = False
+    assert torch.allclose(a[0][keep], b[0][keep], atol=tol)
+    assert torch.allclose(a[1][keep], b[1][keep], atol=tol)
+    assert set(a[2]) == set(b[2])
+    for n in a[2]:
+        assert torch.allclose(a[2][n], b[2][n], atol=tol, rtol=rtol), n
+
+
+def test_lean_forward_equals_transformers(policy):
+    ids, mask, group = _batch(len(policy.tokenizer))
+    assert lean_train.supports(policy.model)
+    _assert_same(_run(policy, "off", False, ids, mask, group), _run(policy, "eager", False, ids, mask, group), mask, 1e-5, 1e-4)
+
+
+def _rel_err(x, ref):
+    return float((x - ref).norm() / ref.norm().clamp(min=1e-12))
+
+
+def test_lean_forward_under_bf16_is_as_accurate_as_transformers(policy):
+    """Under bf16 autocast neither path equals fp32; the lean one must be no further from it
+    than transformers' own bf16 forward is (log-probs and every gradient)."""
+    ids, mask, group = _batch(len(policy.tokenizer))
+    exact = _run(policy, "off", False, ids, mask, group)
+    hf, lean = _run(policy, "off", True, ids, mask, group), _run(policy, "eager", True, ids, mask, group)
+    assert _rel_err(lean[0], exact[0]) <= 1.5 * _rel_err(hf[0], exact[0]) + 1e-3
+    for n in exact[2]:
+        assert _rel_err(lean[2][n], exact[2][n]) <= 1.5 * _rel_err(hf[2][n], exact[2][n]) + 1e-3, n
+        assert _rel_err(lean[2][n], exact[2][n]) < 0.03, n
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-bias"])
+def test_lean_forward_grouped_query_and_biases(policy, name):
+    model = gqa_models(len(policy.tokenizer))[name]
+    pol = dataclasses.replace(policy, model=model)
+    assert lean_train.supports(model)
+    ids, mask, group = _batch(len(policy.tokenizer), seed=3)
+    _assert_same(_run(pol, "off", False, ids, mask, group), _run(pol, "eager", False, ids, mask, group), mask, 1e-5, 1e-4)
+
+
+def test_long_sequences_use_sdpa_with_the_same_result(policy, monkeypatch):
+    ids, mask, group = _batch(len(policy.tokenizer), seed=4)
+    eager = _run(policy, "eager", False, ids, mask, group)
+    monkeypatch.setattr(lean_train, "EAGER_MAX_SCORES", 0)  # every layer takes the SDPA branch
+    _assert_same(eager, _run(policy, "eager", False, ids, mask, group), mask, 1e-5, 1e-4)
+
+
+def test_models_it_cannot_reproduce_use_transformers(policy):
+    m = copy.deepcopy(policy.model)
+    assert lean_train.supports(m) and not lean_train.supports(m, "cuda")
+
+    class Adapter(torch.nn.Linear):  # e.g. a LoRA or quantised layer: its weight is not the whole story
+        pass
+
+    a = copy.deepcopy(m)
+    q = a.model.layers[0].self_attn.q_proj
+    a.model.layers[0].self_attn.q_proj = Adapter(q.in_features, q.out_features, bias=False)
+    assert not lean_train.supports(a)
+    d = copy.deepcopy(m)
+    d.config.attention_dropout = 0.1
+    assert not lean_train.supports(d)
+    c = copy.deepcopy(m)
+    (getattr(c, "activation_checkpointing_enable", None) or c.gradient_checkpointing_enable)()
+    assert not lean_train.supports(c)
+
+
+def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
+    """torch.compile of the layer: same results as eager within bf16 rounding, and batches of
+    other shapes (other bucket sizes, prefix lengths) reuse the graphs instead of recompiling."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    ids, mask, group = _batch(len(policy.tokenizer))
+    eager = _run(policy, "eager", True, ids, mask, group)
+    compiled = _run(policy, "compile", True, ids, mask, group)
+    _assert_same(eager, compiled, mask, 5e-2, 5e-2)
+    graphs = counters["stats"]["unique_graphs"]
+    assert 1 <= graphs <= 2  # the prefix forward (no cache) and the suffix forward (with one)
+    for seed, suffixes, prefixes in ((5, ((6, 2, 9, 4, 7), (3, 11)), (12, 5)), (6, ((2, 3), (8, 8, 1)), (9, 7))):
+        ids, mask, group = _batch(len(policy.tokenizer), seed, suffixes, prefixes)
+        _assert_same(_run(policy, "eager", True, ids, mask, group), _run(policy, "compile", True, ids, mask, group),
+                     mask, 5e-2, 5e-2)
+    assert counters["stats"]["unique_graphs"] == graphs

@@ -117,7 +117,8 @@ def compute_microbatch_loss(
     metrics.update(pg_metrics)
     mode = algo.agg.mode
     pg = agg_loss(pg_BT * is_w, mask, mode, norm)
-    entropy = agg_loss(ent, mask, mode, norm)
+    # no entropy bonus: the entropy is a metric only, and its backward (a softmax over the vocabulary) is skipped
+    entropy = agg_loss(ent if algo.entropy_coef else ent.detach(), mask, mode, norm)
     loss = pg - algo.entropy_coef * entropy
     metrics["pg_loss"], metrics["entropy"] = pg.detach(), entropy.detach()
     if ref_logp_BT is not None and algo.kl.placement == "loss":

@@ -51,6 +51,20 @@ def test_micro_batching_does_not_change_the_update(base_policy, mode):
     assert m1["pg_loss"] == pytest.approx(m2["pg_loss"], rel=1e-4, abs=1e-7)
 
 
+def test_entropy_bonus_moves_weights_only_when_weighted(base_policy):
+    """entropy_coef=0 skips the entropy's backward (a metric only); any other value must still
+    push the weights, and the metric is reported either way."""
+    batch = make_batch(len(base_policy.tokenizer))
+    none, m0 = one_update(base_policy, batch, 10_000, "token_mean", ent=0.0)
+    bonus, m1 = one_update(base_policy, batch, 10_000, "token_mean", ent=0.5)
+    assert m0["entropy"] == pytest.approx(m1["entropy"], rel=1e-6) and m0["entropy"] > 0
+    assert abs(m1["grad_norm"] - m0["grad_norm"]) > 1e-3 * m0["grad_norm"]  # the bonus is in the gradient
+    again, _ = one_update(base_policy, batch, 10_000, "token_mean", ent=0.0)
+    moved = [float((a - b).abs().max()) for a, b in zip(none.model.parameters(), bonus.model.parameters())]
+    same = [float((a - b).abs().max()) for a, b in zip(none.model.parameters(), again.model.parameters())]
+    assert max(same) == 0.0 and max(moved) > 0.0
+
+
 def test_fused_old_logprobs_give_ratio_one(base_policy):
     batch = make_batch(len(base_policy.tokenizer))
     _, m = one_update(base_policy, batch, 10_000, "token_mean")

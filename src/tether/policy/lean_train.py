@@ -100,25 +100,46 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
     return x, k, v
 
 
+def stack_forward(x, weights, cos, sin, keep, past_k, past_v, heads: int, kv_heads: int, eps, norm_w, norm_eps: float,
+                  bf16: bool):
+    """Every decoder layer and the final norm: x [B, S, H] fp32 -> (normed hidden, keys, values per
+    layer). `weights[i]`: layer i's 12 tensors in `layer_forward`'s order; `eps[i]`: its two norms'
+    epsilons; past_k/past_v: per-layer prefix keys/values, or None."""
+    keys, values = [], []
+    for i, (w, (e1, e2)) in enumerate(zip(weights, eps)):
+        pk = None if past_k is None else past_k[i]
+        pv = None if past_v is None else past_v[i]
+        x, k, v = layer_forward(x, *w, cos, sin, keep, pk, pv, heads, kv_heads, e1, e2, bf16)
+        keys.append(k)
+        values.append(v)
+    return _rms(x, norm_w, norm_eps), keys, values
+
+
 _COMPILED = {}
 
 
-def _compiled_layer():
-    """`layer_forward` through torch.compile, with the batch and sequence dimensions of the
+def _mark_dynamic(t: torch.Tensor | None) -> None:
+    """Batch and sequence dims (and a mask's key dim) dynamic; the hidden/head dims stay static."""
+    if isinstance(t, torch.Tensor):
+        for dim in (0, t.dim() - 2, t.dim() - 1) if t.dtype == torch.bool else (0, t.dim() - 2):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
+def _compiled_stack():
+    """`stack_forward` through torch.compile: one graph for all layers (fusion across layer
+    boundaries, one call instead of one per layer), with the batch and sequence dimensions of the
     activations dynamic and the weights' static (dynamic=True would make the hidden size symbolic
     too, and the generated element-wise kernels lose their vectorisation: no faster than eager)."""
-    fn = _COMPILED.get("layer")
+    fn = _COMPILED.get("stack")
     if fn is None:
-        compiled = torch.compile(layer_forward, dynamic=None)
+        compiled = torch.compile(stack_forward, dynamic=None)
 
-        def fn(x, *args):
-            for t in (x, *args[12:18]):  # x, cos, sin, keep, past_k, past_v
-                if isinstance(t, torch.Tensor):
-                    for dim in (0, t.dim() - 2, t.dim() - 1) if t.dtype == torch.bool else (0, t.dim() - 2):
-                        torch._dynamo.maybe_mark_dynamic(t, dim)
-            return compiled(x, *args)
+        def fn(x, weights, cos, sin, keep, past_k, past_v, *rest):
+            for t in (x, cos, sin, keep, *(past_k or ()), *(past_v or ())):
+                _mark_dynamic(t)
+            return compiled(x, weights, cos, sin, keep, past_k, past_v, *rest)
 
-        _COMPILED["layer"] = fn
+        _COMPILED["stack"] = fn
     return fn
 
 
@@ -141,7 +162,7 @@ class LeanBackbone:
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.bf16 = bf16
-        self.layer_fn = _compiled_layer() if compile else layer_forward
+        self.stack_fn = _compiled_stack() if compile else stack_forward
 
     def _weights(self, layer) -> tuple:
         a, m = layer.self_attn, layer.mlp
@@ -158,18 +179,15 @@ class LeanBackbone:
                  past: PrefixKV | None = None) -> tuple[torch.Tensor, PrefixKV]:
         x = self.inner.embed_tokens(ids_BS).float()
         cos, sin = self.rotary(pos_BS)
-        keep = keep_BSK[:, None]
-        keys, values = [], []
-        for i, layer in enumerate(self.inner.layers):
-            pk = None if past is None else past.keys[i]
-            pv = None if past is None else past.values[i]
-            x, k, v = self.layer_fn(x, *self._weights(layer), cos, sin, keep, pk, pv, self.heads, self.kv_heads,
-                                    layer.input_layernorm.variance_epsilon,
-                                    layer.post_attention_layernorm.variance_epsilon, self.bf16)
-            keys.append(k)
-            values.append(v)
+        layers = self.inner.layers
+        weights = tuple(self._weights(layer) for layer in layers)
+        eps = tuple((layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon)
+                    for layer in layers)
         norm = self.inner.norm
-        return _rms(x, norm.weight, norm.variance_epsilon), PrefixKV(keys, values)
+        h, keys, values = self.stack_fn(x, weights, cos, sin, keep_BSK[:, None], None if past is None else past.keys,
+                                        None if past is None else past.values, self.heads, self.kv_heads, eps,
+                                        norm.weight, norm.variance_epsilon, self.bf16)
+        return h, PrefixKV(list(keys), list(values))
 
 
 def causal_keep(key_mask_BK: torch.Tensor, S: int) -> torch.Tensor:

@@ -110,8 +110,8 @@ def test_models_it_cannot_reproduce_use_transformers(policy):
 
 
 def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
-    """torch.compile of the layer: same results as eager within bf16 rounding, and batches of
-    other shapes (other bucket sizes, prefix lengths) reuse the graphs instead of recompiling."""
+    """torch.compile of the layer stack: same results as eager within bf16 rounding, and batches
+    of other shapes (other bucket sizes, prefix lengths) reuse the graphs instead of recompiling."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

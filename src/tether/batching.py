@@ -105,21 +105,25 @@ def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
     if not records:
         raise ValueError("no training sequences to pad")
     B, T = len(records), max(len(r.ids) for r in records)
+    lengths = torch.tensor([len(r.ids) for r in records])
+    attn = torch.arange(T)[None] < lengths[:, None]  # boolean-mask writes fill it row by row, in order
+
+    def flat(field: str, dtype) -> torch.Tensor:
+        return torch.tensor([x for r in records for x in getattr(r, field)], dtype=dtype)
+
     ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, T), dtype=torch.bool)
+    ids[attn] = flat("ids", torch.long)
     lmask = torch.zeros((B, T), dtype=torch.float32)
+    weight = torch.tensor([float(r.weight) for r in records], dtype=torch.float32)
+    lmask[attn] = flat("loss_mask", torch.float32) * weight.repeat_interleave(lengths)
     rlogp = torch.zeros((B, T), dtype=torch.float32)
+    rlogp[attn] = flat("rollout_logp", torch.float32)
     trew = torch.zeros((B, T), dtype=torch.float32)
+    trew[attn] = flat("token_rewards", torch.float32)
     turn = torch.full((B, T), -1, dtype=torch.long)
     for b, r in enumerate(records):
-        n = len(r.ids)
-        ids[b, :n] = torch.tensor(r.ids, dtype=torch.long)
-        attn[b, :n] = True
-        lmask[b, :n] = torch.tensor(r.loss_mask, dtype=torch.float32) * float(r.weight)
-        rlogp[b, :n] = torch.tensor(r.rollout_logp, dtype=torch.float32)
-        trew[b, :n] = torch.tensor(r.token_rewards, dtype=torch.float32)
         if r.turn_ids:
-            turn[b, :n] = torch.tensor(r.turn_ids, dtype=torch.long)
+            turn[b, :len(r.ids)] = torch.tensor(r.turn_ids, dtype=torch.long)
     return PaddedRecords(
         input_ids_BT=ids,
         attention_mask_BT=attn,

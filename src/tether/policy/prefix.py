@@ -214,12 +214,12 @@ def _assemble_index(lengths, P_B, row_g, Pmax, Smax, T) -> torch.Tensor:
     """[B, T] positions into cat(lp_P [G, Pmax-1], lp_S [B, Smax], [0]): column t scores token t."""
     G = max(row_g) + 1
     n_P, n_S = G * (Pmax - 1), len(lengths) * Smax
+    t = torch.arange(T)[None]
+    L, P, g = (torch.tensor(x)[:, None] for x in (lengths, P_B, row_g))
+    b = torch.arange(len(lengths))[:, None]
     index = torch.full((len(lengths), T), n_P + n_S, dtype=torch.long)  # column 0 and padding -> 0
-    for b, (L, P, g) in enumerate(zip(lengths, P_B, row_g)):
-        t = torch.arange(1, P)
-        index[b, 1:P] = g * (Pmax - 1) + (t - 1)
-        t = torch.arange(P, L)
-        index[b, P:L] = n_P + b * Smax + (t - P)
+    index = torch.where((t >= 1) & (t < P), g * (Pmax - 1) + t - 1, index)  # scored from the group's prefix
+    index = torch.where((t >= P) & (t < L), n_P + b * Smax + t - P, index)  # scored from the sequence's suffix
     return index
 
 

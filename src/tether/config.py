@@ -44,7 +44,10 @@ class ModelConfig(_Base):
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16"] = "float32"
     autocast_bf16: bool = Field(False, description="bf16 autocast for forward passes on CPU/GPU")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward (transformers' activation "
+                           "checkpointing): less memory, ~1 more forward of compute; turns prefix sharing and the "
+                           "lean training forward off")
     device: str = "cpu"
 
 

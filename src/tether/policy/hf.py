@@ -54,6 +54,21 @@ def count_trained(policy: HFPolicy, positions: int) -> None:
         policy.trained_positions += int(positions)
 
 
+def is_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether transformers' activation (gradient) checkpointing is on for `model`."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (`model.gradient_checkpointing`): less memory, about one more forward of compute."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise ValueError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support activation checkpointing")
+    enable()
+
+
 def find_stop_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     """Every id that ends a generation: generation_config / config eos ids and the tokenizer's."""
     ids: set[int] = set()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from tether.policy import decode
 from tether.policy.attention import EAGER_MAX_SCORES
+from tether.policy.hf import is_checkpointing
 
 
 def supports(model: torch.nn.Module, device: torch.device | str = "cpu") -> bool:
@@ -36,8 +37,7 @@ def supports(model: torch.nn.Module, device: torch.device | str = "cpu") -> bool
     if torch.device(device).type != "cpu" or not decode.supports(model):
         return False
     cfg = model.config
-    checkpointing = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
-    if getattr(cfg, "attention_dropout", 0.0) or getattr(model, checkpointing, False):
+    if getattr(cfg, "attention_dropout", 0.0) or is_checkpointing(model):
         return False
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp

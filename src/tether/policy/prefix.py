@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs, count_trained
+from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs, count_trained, is_checkpointing
 
 
 def compute_shared_prefix_lengths(ids_BT: torch.Tensor, lengths_B: list[int], group_B: list[int]) -> tuple[list[int], dict[int, int]]:
@@ -96,7 +96,10 @@ def count_shared_tokens(lengths_B: list[int], group_B: list[int], prefix: dict[i
 
 
 def supports_prefix_sharing(model: torch.nn.Module) -> bool:
-    """Full-attention transformers models with the Cache API (sliding windows would change the math)."""
+    """Full-attention transformers models with the Cache API (sliding windows would change the math),
+    without activation checkpointing (under it transformers drops the cache the suffixes need)."""
+    if is_checkpointing(model):
+        return False
     try:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer

@@ -22,7 +22,7 @@ try:  # transformers' "Writing model shards" bars would flood the logs at every 
     _hf_logging.disable_progress_bar()
 except ImportError:  # pragma: no cover
     pass
-from tether.policy.hf import HFPolicy, load_policy, make_policy
+from tether.policy.hf import HFPolicy, enable_checkpointing, load_policy, make_policy
 from tether.runtime import retain_freed_memory
 from tether.tasks import demonstration, load_jsonl, make_splits
 
@@ -74,15 +74,19 @@ def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]
     """Load `model.path`, or build a tiny model + tokenizer for the task (saved to base_model/)."""
     m = cfg.model
     if m.path:
-        return load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
-    from tether.policy.tiny import build_tiny_model, build_tokenizer
+        policy = load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
+    else:
+        from tether.policy.tiny import build_tiny_model, build_tokenizer
 
-    out = Path(run_dir) / "base_model"
-    tok = build_tokenizer(tokenizer_corpus(cfg, problems), m.tiny.vocab_size)
-    model = build_tiny_model(m.tiny, tok, out, seed=cfg.run.seed)
-    if m.dtype == "bfloat16":
-        model.to(torch.bfloat16)
-    return make_policy(model, tok, m.device, m.autocast_bf16)
+        out = Path(run_dir) / "base_model"
+        tok = build_tokenizer(tokenizer_corpus(cfg, problems), m.tiny.vocab_size)
+        model = build_tiny_model(m.tiny, tok, out, seed=cfg.run.seed)
+        if m.dtype == "bfloat16":
+            model.to(torch.bfloat16)
+        policy = make_policy(model, tok, m.device, m.autocast_bf16)
+    if m.gradient_checkpointing:
+        enable_checkpointing(policy.model)
+    return policy
 
 
 def make_reference(policy: HFPolicy) -> HFPolicy:

@@ -42,7 +42,7 @@ from tether.io.run_dir import RunDir, make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy import lean_train
-from tether.policy.hf import HFPolicy, ValueModel, load_policy
+from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing, load_policy
 from tether.recipes.common import (
     graceful_interrupt, make_reference, progress_bar, reset_reference, seed_run, setup_policy, setup_problems,
 )
@@ -248,6 +248,8 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     if policy is None and ckpt is not None and not cfg.model.path:  # the checkpoint is a full HF model + tokenizer
         policy = load_policy(ckpt, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     policy = policy or setup_policy(cfg, rd.root, train)
+    if cfg.model.gradient_checkpointing and not is_checkpointing(policy.model):  # a resumed or passed-in policy
+        enable_checkpointing(policy.model)
     policy.model.train()
     st = RLState(cfg, policy, train)
     if ckpt is not None:

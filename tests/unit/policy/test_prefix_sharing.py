@@ -127,3 +127,33 @@ def test_trained_positions_count_what_each_path_runs(policy):
     buckets = plan_suffix_buckets(suffix)
     expected = len(P) * max(P.values()) + sum(len(b) * max(suffix[i] for i in b) for b in buckets)
     assert pol.trained_positions == expected < ids.numel()
+
+
+def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy, tmp_path):
+    """Under checkpointing transformers drops the KV cache the suffixes need, so sharing must not
+    be used; `model.gradient_checkpointing=true` switches it on for training."""
+    from tether.config import load_config
+    from tether.policy.hf import is_checkpointing
+    from tether.policy.prefix import compute_sequence_logprobs
+    from tether.recipes.common import setup_policy, setup_problems
+
+    ids, mask, group = _groups(len(policy.tokenizer))
+    out = []
+    for ckpt in (False, True):
+        pol = copy.deepcopy(policy)
+        pol.model.train()
+        if ckpt:
+            (getattr(pol.model, "activation_checkpointing_enable", None) or pol.model.gradient_checkpointing_enable)()
+            assert is_checkpointing(pol.model) and not supports_prefix_sharing(pol.model)
+        lp, _ = compute_sequence_logprobs(pol, ids, mask, group, share="on")
+        (lp * mask).sum().backward()
+        out.append((lp.detach(), {n: p.grad.clone() for n, p in pol.model.named_parameters()}))
+    keep = mask.clone()
+    keep[:, 0] = False  # column 0 is never scored; padding is never in a loss
+    assert torch.allclose(out[0][0][keep], out[1][0][keep], atol=1e-5)
+    for n in out[0][1]:
+        assert torch.allclose(out[0][1][n], out[1][1][n], atol=1e-5, rtol=1e-4), n
+    cfg = load_config(None, ["data.task=arith", "data.train_size=20", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+                             "model.tiny.intermediate_size=64", "model.gradient_checkpointing=true"])
+    train, _ = setup_problems(cfg)
+    assert is_checkpointing(setup_policy(cfg, tmp_path, train).model)

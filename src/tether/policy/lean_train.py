@@ -3,14 +3,18 @@
 transformers' modules build masks, rotary tables and cache objects around every call and run
 each element-wise step as its own kernel. For training on a CPU the element-wise passes over
 the activations (RMSNorm, rotary, SiLU x up, casts, residual adds, and their backward) cost
-about as much as the matmuls at hidden 256 (docs/performance.md). Here a decoder layer is one
-function of (activations, the layer's weights, rotary tables, a key mask, an optional prefix
-KV), so that
+about as much as the matmuls at hidden 256 (docs/performance.md). Here the layer stack is one
+pure function of (activations, every layer's weights, rotary tables, a key mask, an optional
+prefix KV), so that
 
 - it runs eagerly with fewer ops than transformers' forward (no mask/cache objects), and
-- `torch.compile` can fuse its element-wise work, forward and backward, into a few generated
-  C++ (or Triton) kernels; the weights are arguments, not module attributes, so one compiled
-  graph serves every layer and, with dynamic shapes, every batch shape (`compile=True`).
+- `torch.compile` (`train.compile`) can fuse its element-wise work, forward and backward and
+  across layer boundaries, into generated C++ kernels; the weights are arguments, not module
+  attributes, and the batch/sequence dims are marked dynamic, so one graph serves every batch
+  shape (two in all: with and without a prefix KV).
+
+Used by prefix-shared scoring (tether.policy.prefix), on a CPU; the packed and padded paths
+and GPUs use transformers' modules.
 
 The math is transformers' under bf16 autocast: fp32 residual stream, norms and rotary; bf16
 projections; attention as bf16 matmuls around an fp32 softmax (tether.policy.attention).

@@ -190,9 +190,9 @@ class TrainConfig(_Base):
     share_prefix: Literal["auto", "on", "off"] = Field(
         "auto", description="compute a group's shared prefix once (MiniMax Forge); auto: when that runs fewer token positions")
     compile: bool = Field(
-        False, description="torch.compile the decoder layers of the shared-prefix training forward (Llama-family "
-                           "models): fused element-wise kernels, one graph for every layer and batch shape; "
-                           "the first step pays the compilation (~25 s on a laptop CPU)")
+        False, description="torch.compile the shared-prefix training forward (tether.policy.lean_train; Llama-family "
+                           "models on a CPU): all layers in one graph with fused element-wise kernels, reused for "
+                           "every batch shape; the first step pays the compilation (~30 s on a 2-core CPU)")
 
 
 class SFTConfig(_Base):

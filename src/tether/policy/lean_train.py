@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from tether.policy import decode
-from tether.policy.attention import EAGER_MAX_SCORES
+from tether.policy.attention import EAGER_MAX_SCORES, _repeat_kv
+from tether.policy.decode import rms_norm
 from tether.policy.hf import is_checkpointing
 
 
@@ -56,12 +57,6 @@ def supports(model: torch.nn.Module, device: torch.device | str = "cpu") -> bool
     return True
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm on the fp32 residual stream, bit for bit, as PyTorch's fused
-    kernel (forward+backward at [3200, 256]: 4.7 ms vs 8.6 ms for the five separate ops)."""
-    return F.rms_norm(x, (x.shape[-1],), w, eps)
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' x * cos + rotate_half(x) * sin, with cos/sin given for one half ([.., d/2]):
     both halves of transformers' tables are the same."""
@@ -77,7 +72,7 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
     this layer's keys/values over all P + S positions (for the suffixes that share this prefix)."""
     B, S, _ = x.shape
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-        h = _rms(x, ln1, eps1)
+        h = rms_norm(x, ln1, eps1)
         q = F.linear(h, wq, bq).view(B, S, heads, -1).transpose(1, 2)
         k = F.linear(h, wk, bk).view(B, S, kv_heads, -1).transpose(1, 2)
         v = F.linear(h, wv, bv).view(B, S, kv_heads, -1).transpose(1, 2)
@@ -85,11 +80,7 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
         if past_k is not None:
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         d = q.shape[-1]
-        kk, vv = k, v
-        if kv_heads != heads:  # grouped-query attention: repeat each key head for its queries
-            rep = heads // kv_heads
-            kk = k[:, :, None].expand(B, kv_heads, rep, k.shape[2], d).reshape(B, heads, k.shape[2], d)
-            vv = v[:, :, None].expand(B, kv_heads, rep, v.shape[2], d).reshape(B, heads, v.shape[2], d)
+        kk, vv = _repeat_kv(k, heads // kv_heads), _repeat_kv(v, heads // kv_heads)  # grouped-query attention
         if B * heads * S * kk.shape[2] <= EAGER_MAX_SCORES:
             scores = torch.matmul(q, kk.transpose(-1, -2)).float() * (d ** -0.5)
             scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
@@ -99,7 +90,7 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
                 o = F.scaled_dot_product_attention(q.float(), kk.float(), vv.float(), attn_mask=keep).to(vv.dtype)
         o = o.transpose(1, 2).reshape(B, S, heads * d)
         x = x + F.linear(o, wo).float()
-        h = _rms(x, ln2, eps2)
+        h = rms_norm(x, ln2, eps2)
         x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd).float()
     return x, k, v
 
@@ -116,7 +107,7 @@ def stack_forward(x, weights, cos, sin, keep, past_k, past_v, heads: int, kv_hea
         x, k, v = layer_forward(x, *w, cos, sin, keep, pk, pv, heads, kv_heads, e1, e2, bf16)
         keys.append(k)
         values.append(v)
-    return _rms(x, norm_w, norm_eps), keys, values
+    return rms_norm(x, norm_w, norm_eps), keys, values
 
 
 _COMPILED = {}
@@ -174,8 +165,8 @@ class LeanBackbone:
                 a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, layer.post_attention_layernorm.weight,
                 m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
 
-    def rotary(self, pos_BS: torch.Tensor, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.inner.rotary_emb(torch.zeros((), dtype=dtype, device=pos_BS.device), pos_BS)
+    def rotary(self, pos_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.inner.rotary_emb(torch.zeros((), dtype=torch.float32, device=pos_BS.device), pos_BS)
         half = cos.shape[-1] // 2
         return cos[:, None, :, :half].float(), sin[:, None, :, :half].float()
 

@@ -11,6 +11,7 @@ import torch
 from tiny_policy_helpers import gqa_models, make_tiny_policy, right_pad
 
 from tether.policy import lean_train
+from tether.policy.hf import enable_checkpointing
 from tether.policy.prefix import compute_logprobs_shared
 
 
@@ -105,7 +106,7 @@ def test_models_it_cannot_reproduce_use_transformers(policy):
     d.config.attention_dropout = 0.1
     assert not lean_train.supports(d)
     c = copy.deepcopy(m)
-    (getattr(c, "activation_checkpointing_enable", None) or c.gradient_checkpointing_enable)()
+    enable_checkpointing(c)
     assert not lean_train.supports(c)
 
 

@@ -8,7 +8,7 @@ import torch
 from tiny_policy_helpers import make_tiny_policy, right_pad
 
 import tether.policy.prefix as prefix_mod
-from tether.policy.hf import compute_logprobs
+from tether.policy.hf import compute_logprobs, enable_checkpointing
 from tether.policy.prefix import (
     compute_logprobs_shared,
     compute_shared_prefix_lengths,
@@ -143,7 +143,7 @@ def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy,
         pol = copy.deepcopy(policy)
         pol.model.train()
         if ckpt:
-            (getattr(pol.model, "activation_checkpointing_enable", None) or pol.model.gradient_checkpointing_enable)()
+            enable_checkpointing(pol.model)
             assert is_checkpointing(pol.model) and not supports_prefix_sharing(pol.model)
         lp, _ = compute_sequence_logprobs(pol, ids, mask, group, share="on")
         (lp * mask).sum().backward()

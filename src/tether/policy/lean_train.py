@@ -1,24 +1,31 @@
-"""A lean training forward for Llama-family models: the decoder layers as one pure function.
+"""A lean training forward for Llama-family models: the decoder layers as one pure function
+over the flat tokens of a prefix-shared batch.
 
 transformers' modules build masks, rotary tables and cache objects around every call and run
 each element-wise step as its own kernel. For training on a CPU the element-wise passes over
 the activations (RMSNorm, rotary, SiLU x up, casts, residual adds, and their backward) cost
 about as much as the matmuls at hidden 256 (docs/performance.md). Here the layer stack is one
-pure function of (activations, every layer's weights, rotary tables, a key mask, an optional
-prefix KV), so that
+pure function of (token activations, every layer's weights, rotary tables, attention index
+tensors), so that
 
+- every token of the batch is one row of the projections and the MLP, each group's shared
+  prefix once and no padding (`SharedLayout`): only attention sees padded rows, gathered per
+  attention bucket (a prefix causally over itself; a suffix over its group's prefix keys and
+  causally over its own) and scattered back. On the benchmark batch the padded layout ran 3692
+  token positions for 3391 tokens;
 - it runs eagerly with fewer ops than transformers' forward (no mask/cache objects), and
 - `torch.compile` (`train.compile`) can fuse its element-wise work, forward and backward and
   across layer boundaries, into generated C++ kernels; the weights are arguments, not module
-  attributes, and the batch/sequence dims are marked dynamic, so one graph serves every batch
-  shape (two in all: with and without a prefix KV).
+  attributes, and the token/row dims are marked dynamic, so one graph serves every batch (the
+  compiled path attends the suffixes in one bucket, so the number of buckets never changes).
 
 Used by prefix-shared scoring (tether.policy.prefix), on a CPU; the packed and padded paths
 and GPUs use transformers' modules.
 
 The math is transformers' under bf16 autocast: fp32 residual stream, norms and rotary; bf16
 projections; attention as bf16 matmuls around an fp32 softmax (tether.policy.attention).
-Equality of log-probs and gradients with transformers' forward: tests/unit/policy/test_lean_train.py.
+Equality of log-probs and gradients with transformers' forward: tests/unit/policy/test_lean_train.py
+and test_prefix_sharing.py.
 """
 
 from __future__ import annotations
@@ -57,100 +64,195 @@ def supports(model: torch.nn.Module, device: torch.device | str = "cpu") -> bool
     return True
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' x * cos + rotate_half(x) * sin, with cos/sin given for one half ([.., d/2]):
-    both halves of transformers' tables are the same."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """transformers' x * cos + rotate_half(x) * sin with the halves as a dim of 2: x [.., 2, d/2]
+    times cos [.., 1, d/2], plus the halves swapped times sin2 = (-sin, sin) [.., 2, d/2]. The same
+    products and sums as transformers' (bit for bit), in two broadcast multiplies over contiguous
+    memory instead of four over strided halves."""
+    xx = x.unflatten(-1, (2, -1))
+    return (xx * cos + xx.flip(-2) * sin2).flatten(-2)
 
 
-def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin, keep, past_k, past_v,
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' rotary tables [N, d] (both halves equal) -> `_rope`'s ([N, 1, 1, d/2], [N, 1, 2, d/2])."""
+    half = cos.shape[-1] // 2
+    c, s = cos[:, None, None, :half].float(), sin[:, None, None, :half].float()
+    return c, torch.cat([-s, s], dim=2)
+
+
+def _attend(q, k, v, keep, groups: int):
+    """q [R, heads, Wq, d] (fp32 after the rotary step), k/v [R, kv_heads, Wk, d], keep [R, 1, Wq, Wk]
+    -> [R, heads, Wq, d]: bf16 matmuls around an fp32 softmax under autocast (what transformers'
+    eager attention does); above EAGER_MAX_SCORES fp32 SDPA, which never holds the score tensor."""
+    kk, vv = _repeat_kv(k, groups), _repeat_kv(v, groups)  # grouped-query attention
+    R, H, Wq, d = q.shape
+    if R * H * Wq * kk.shape[2] <= EAGER_MAX_SCORES:
+        scores = torch.matmul(q, kk.transpose(-1, -2)).float() * (d ** -0.5)
+        scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
+        return torch.matmul(torch.softmax(scores, dim=-1), vv)
+    with torch.autocast(q.device.type, enabled=False):
+        return F.scaled_dot_product_attention(q.float(), kk.float(), vv.float(), attn_mask=keep).to(vv.dtype)
+
+
+@torch.library.custom_op("tether::take_rows", mutates_args=())
+def take_rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t[idx]: rows of t [N, ...] at idx [R, W] -> [R, W, ...], as an embedding lookup. An opaque
+    op, so that torch.compile calls PyTorch's kernels for it and its backward (a dense row
+    accumulation) instead of generating a scatter-add loop, which measured ~5 ms per call."""
+    return F.embedding(idx, t.reshape(t.shape[0], -1)).view(*idx.shape, *t.shape[1:])
+
+
+@take_rows.register_fake
+def _(t, idx):
+    return t.new_empty((*idx.shape, *t.shape[1:]))
+
+
+@torch.library.custom_op("tether::put_rows", mutates_args=())
+def put_rows(grad: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """The backward of `take_rows`: grad [R, W, ...] summed into n rows -> [n, ...]."""
+    g = torch.ops.aten.embedding_dense_backward(grad.reshape(*idx.shape, -1), idx, n, -1, False)
+    return g.view(n, *grad.shape[idx.dim():])
+
+
+@put_rows.register_fake
+def _(grad, idx, n):
+    return grad.new_empty((n, *grad.shape[idx.dim():]))
+
+
+def _take_setup(ctx, inputs, output):
+    t, idx = inputs
+    ctx.save_for_backward(idx)
+    ctx.n = t.shape[0]
+
+
+def _take_backward(ctx, grad):
+    (idx,) = ctx.saved_tensors
+    return put_rows(grad, idx, ctx.n), None
+
+
+take_rows.register_autograd(_take_backward, setup_context=_take_setup)
+
+
+def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t[idx]; bf16 through `take_rows` (on a CPU a dense accumulation in the backward is several
+    times faster than indexing's scatter, eager or compiled)."""
+    return take_rows(t, idx) if t.dtype == torch.bfloat16 else t[idx]
+
+
+def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin, buckets, inv,
                   heads: int, kv_heads: int, eps1: float, eps2: float, bf16: bool):
-    """One decoder layer. x [B, S, H] fp32; cos/sin [B, 1, S, d/2]; keep [B, 1, S, P + S] (bool:
-    which keys each query sees); past_k/past_v [B, kv_heads, P, d] or None. Returns the new x and
-    this layer's keys/values over all P + S positions (for the suffixes that share this prefix)."""
-    B, S, _ = x.shape
+    """One decoder layer over the flat tokens. x [N, H] fp32 (every token once, no padding);
+    cos/sin: `rope_tables`; `buckets`: attention rows as (q_idx [R, Wq], k_idx [R, Wk], keep
+    [R, 1, Wq, Wk]) of flat token indices (N: a padding slot, a zero row); `inv` [N]: where each
+    token's query sits in the buckets' concatenated outputs. Projections, norms, rotary and MLP run
+    on the N tokens; only attention sees the padded rows."""
+    N = x.shape[0]
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         h = rms_norm(x, ln1, eps1)
-        q = F.linear(h, wq, bq).view(B, S, heads, -1).transpose(1, 2)
-        k = F.linear(h, wk, bk).view(B, S, kv_heads, -1).transpose(1, 2)
-        v = F.linear(h, wv, bv).view(B, S, kv_heads, -1).transpose(1, 2)
+        q = F.linear(h, wq, bq).view(N, heads, -1)
+        k = F.linear(h, wk, bk).view(N, kv_heads, -1)
+        v = F.linear(h, wv, bv).view(N, kv_heads, -1)
         q, k = _rope(q.float(), cos, sin), _rope(k.float(), cos, sin)
-        if past_k is not None:
-            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        d = q.shape[-1]
-        kk, vv = _repeat_kv(k, heads // kv_heads), _repeat_kv(v, heads // kv_heads)  # grouped-query attention
-        if B * heads * S * kk.shape[2] <= EAGER_MAX_SCORES:
-            scores = torch.matmul(q, kk.transpose(-1, -2)).float() * (d ** -0.5)
-            scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
-            o = torch.matmul(torch.softmax(scores, dim=-1), vv)
-        else:  # long sequences: fp32 SDPA, which never holds the whole score tensor
-            with torch.autocast(x.device.type, enabled=False):
-                o = F.scaled_dot_product_attention(q.float(), kk.float(), vv.float(), attn_mask=keep).to(vv.dtype)
-        o = o.transpose(1, 2).reshape(B, S, heads * d)
+        if bf16:  # the bf16 the score matmul would round them to, gathered at half the bytes
+            q, k = q.to(torch.bfloat16), k.to(torch.bfloat16)
+        q, k, v = (torch.cat([t, t.new_zeros((1, *t.shape[1:]))]) for t in (q, k, v))  # row N: padding
+        outs = []
+        for q_idx, k_idx, keep in buckets:
+            o = _attend(_take(q, q_idx).transpose(1, 2), _take(k, k_idx).transpose(1, 2),
+                        _take(v, k_idx).transpose(1, 2), keep, heads // kv_heads)
+            outs.append(o.transpose(1, 2).reshape(-1, q.shape[1] * q.shape[2]))
+        o = _take(torch.cat(outs), inv)
         x = x + F.linear(o, wo).float()
         h = rms_norm(x, ln2, eps2)
         x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd).float()
-    return x, k, v
+    return x
 
 
-def stack_forward(x, weights, cos, sin, keep, past_k, past_v, heads: int, kv_heads: int, eps, norm_w, norm_eps: float,
+def stack_forward(x, weights, cos, sin, buckets, inv, heads: int, kv_heads: int, eps, norm_w, norm_eps: float,
                   bf16: bool):
-    """Every decoder layer and the final norm: x [B, S, H] fp32 -> (normed hidden, keys, values per
-    layer). `weights[i]`: layer i's 12 tensors in `layer_forward`'s order; `eps[i]`: its two norms'
-    epsilons; past_k/past_v: per-layer prefix keys/values, or None."""
-    keys, values = [], []
-    for i, (w, (e1, e2)) in enumerate(zip(weights, eps)):
-        pk = None if past_k is None else past_k[i]
-        pv = None if past_v is None else past_v[i]
-        x, k, v = layer_forward(x, *w, cos, sin, keep, pk, pv, heads, kv_heads, e1, e2, bf16)
-        keys.append(k)
-        values.append(v)
-    return rms_norm(x, norm_w, norm_eps), keys, values
+    """Every decoder layer and the final norm: x [N, H] fp32 -> normed hidden [N, H].
+    `weights[i]`: layer i's 12 tensors in `layer_forward`'s order; `eps[i]`: its two norms' epsilons."""
+    for w, (e1, e2) in zip(weights, eps):
+        x = layer_forward(x, *w, cos, sin, buckets, inv, heads, kv_heads, e1, e2, bf16)
+    return rms_norm(x, norm_w, norm_eps)
 
 
 _COMPILED = {}
 
 
-def _mark_dynamic(t: torch.Tensor | None) -> None:
-    """Batch and sequence dims (and a mask's key dim) dynamic; the hidden/head dims stay static."""
-    if isinstance(t, torch.Tensor):
-        for dim in (0, t.dim() - 2, t.dim() - 1) if t.dtype == torch.bool else (0, t.dim() - 2):
-            torch._dynamo.maybe_mark_dynamic(t, dim)
+def _mark_dynamic(t: torch.Tensor, dims) -> None:
+    for dim in dims:
+        torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 def _compiled_stack():
     """`stack_forward` through torch.compile: one graph for all layers (fusion across layer
-    boundaries, one call instead of one per layer), with the batch and sequence dimensions of the
-    activations dynamic and the weights' static (dynamic=True would make the hidden size symbolic
-    too, and the generated element-wise kernels lose their vectorisation: no faster than eager)."""
+    boundaries, one call instead of one per layer), with the token and row dimensions dynamic and
+    the weights' static (dynamic=True would make the hidden size symbolic too, and the generated
+    element-wise kernels lose their vectorisation: no faster than eager). One graph per number of
+    attention buckets: the compiled path is given two (prefixes, suffixes)."""
     fn = _COMPILED.get("stack")
     if fn is None:
         compiled = torch.compile(stack_forward, dynamic=None)
 
-        def fn(x, weights, cos, sin, keep, past_k, past_v, *rest):
-            for t in (x, cos, sin, keep, *(past_k or ()), *(past_v or ())):
-                _mark_dynamic(t)
-            return compiled(x, weights, cos, sin, keep, past_k, past_v, *rest)
+        def fn(x, weights, cos, sin, buckets, inv, *rest):
+            for t in (x, cos, sin, inv):
+                _mark_dynamic(t, (0,))
+            for q_idx, k_idx, keep in buckets:
+                _mark_dynamic(q_idx, (0, 1))
+                _mark_dynamic(k_idx, (0, 1))
+                _mark_dynamic(keep, (0, 2, 3))
+            return compiled(x, weights, cos, sin, buckets, inv, *rest)
 
         _COMPILED["stack"] = fn
     return fn
 
 
 @dataclass
-class PrefixKV:
-    """Per-layer keys/values of a prefix forward: lists of [G, kv_heads, P, d]."""
+class SharedLayout:
+    """Where every token of a prefix-shared batch sits. Flat order: each group's prefix tokens,
+    then each sequence's suffix tokens; index N is padding. p_index [G, Pmax] and s_index [B, Smax]:
+    flat index of prefix token t of group g / suffix token t of sequence b."""
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    ids: torch.Tensor  # [N]
+    pos: torch.Tensor  # [N] position in its sequence
+    p_index: torch.Tensor
+    s_index: torch.Tensor
+    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    inv: torch.Tensor  # [N]
 
-    def select(self, idx: torch.Tensor) -> "PrefixKV":
-        return PrefixKV([k[idx] for k in self.keys], [v[idx] for v in self.values])
+
+def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets) -> SharedLayout:
+    """The flat tokens of (prefixes [G, Pmax], suffixes [B, Smax]), one attention bucket for the
+    prefixes (causal within each) and one per suffix bucket (a suffix attends to its group's prefix
+    and causally to itself)."""
+    P_G, S_B = p_mask.sum(-1), s_mask.sum(-1)
+    NP = int(P_G.sum())
+    N = NP + int(S_B.sum())
+    offP = torch.cumsum(P_G, 0) - P_G
+    offS = NP + torch.cumsum(S_B, 0) - S_B
+    p_index = torch.where(p_mask.bool(), offP[:, None] + torch.arange(p_mask.shape[1]), N)
+    s_index = torch.where(s_mask.bool(), offS[:, None] + torch.arange(s_mask.shape[1]), N)
+    flat = lambda x, m: x[m.bool()]  # noqa: E731  (row-major: the flat order above)
+    ids = torch.cat([flat(p_ids, p_mask), flat(s_ids, s_mask)])
+    pos = torch.cat([flat(torch.arange(p_mask.shape[1]).expand_as(p_mask), p_mask),
+                     flat(P_B[:, None] + torch.arange(s_mask.shape[1]), s_mask)])
+    buckets = [(p_index, p_index, causal_keep(p_mask, p_mask.shape[1])[:, None])]
+    for rows in suffix_buckets:
+        r = torch.tensor(rows)
+        W = int(S_B[r].max())
+        k_idx = torch.cat([p_index[row_g[r]], s_index[r, :W]], dim=1)
+        key_mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
+        buckets.append((s_index[r, :W], k_idx, causal_keep(key_mask, W)[:, None]))
+    q_flat = torch.cat([q.reshape(-1) for q, _, _ in buckets])
+    real = q_flat < N
+    inv = torch.empty(N + 1, dtype=torch.long)
+    inv[q_flat[real]] = torch.arange(len(q_flat))[real]
+    return SharedLayout(ids, pos, p_index, s_index, buckets, inv[:N])
 
 
-class LeanBackbone:
-    """`backbone(ids, positions, keep, past)` -> (final-normed hidden [B, S, H], PrefixKV)."""
+class LeanShared:
+    """`net(layout)` -> final-normed hidden [N + 1, H] of the flat tokens (row N: zeros, for padding)."""
 
     def __init__(self, model: torch.nn.Module, bf16: bool, compile: bool = False) -> None:
         cfg, self.inner = model.config, model.model
@@ -165,24 +267,19 @@ class LeanBackbone:
                 a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, layer.post_attention_layernorm.weight,
                 m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
 
-    def rotary(self, pos_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.inner.rotary_emb(torch.zeros((), dtype=torch.float32, device=pos_BS.device), pos_BS)
-        half = cos.shape[-1] // 2
-        return cos[:, None, :, :half].float(), sin[:, None, :, :half].float()
-
-    def __call__(self, ids_BS: torch.Tensor, pos_BS: torch.Tensor, keep_BSK: torch.Tensor,
-                 past: PrefixKV | None = None) -> tuple[torch.Tensor, PrefixKV]:
-        x = self.inner.embed_tokens(ids_BS).float()
-        cos, sin = self.rotary(pos_BS)
+    def __call__(self, layout: SharedLayout) -> torch.Tensor:
+        dev = self.inner.embed_tokens.weight.device
+        x = self.inner.embed_tokens(layout.ids.to(dev)).float()
+        cos, sin = rope_tables(*(t[0] for t in self.inner.rotary_emb(x, layout.pos.to(dev)[None])))
         layers = self.inner.layers
         weights = tuple(self._weights(layer) for layer in layers)
         eps = tuple((layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon)
                     for layer in layers)
+        buckets = [tuple(t.to(dev) for t in b) for b in layout.buckets]
         norm = self.inner.norm
-        h, keys, values = self.stack_fn(x, weights, cos, sin, keep_BSK[:, None], None if past is None else past.keys,
-                                        None if past is None else past.values, self.heads, self.kv_heads, eps,
-                                        norm.weight, norm.variance_epsilon, self.bf16)
-        return h, PrefixKV(list(keys), list(values))
+        h = self.stack_fn(x, weights, cos, sin, buckets, layout.inv.to(dev), self.heads, self.kv_heads, eps,
+                          norm.weight, norm.variance_epsilon, self.bf16)
+        return torch.cat([h, h.new_zeros((1, h.shape[1]))])
 
 
 def causal_keep(key_mask_BK: torch.Tensor, S: int) -> torch.Tensor:

@@ -10,6 +10,10 @@ every sequence of the group as a KV cache, and only the suffixes are run on top 
     suffix forward   [B, S]    with cache = keys/values[group_B]   -> hidden_S
     log-probs        prefix positions from hidden_P (once per group), suffix positions from hidden_S
 
+With the lean forward (tether.policy.lean_train, Llama-family models on a CPU) the prefixes and
+suffixes run as one forward over the flat tokens instead: same keys/values, same result, no
+padding outside attention.
+
 Gradients flow through the cache into the prefix computation (autograd sums the B copies), so
 loss and gradients equal the unshared computation up to rounding
 (tests/unit/policy/test_prefix_sharing.py). The token saving is sum(P_g * (n_g - 1)): large for
@@ -147,21 +151,16 @@ def compute_logprobs_shared(
     s_ids, s_mask = _pad_rows([ids[b, int(P_B[b]):lengths[b]] for b in range(len(lengths))], policy.pad_id, ids.dtype)
     Pmax, Smax = p_ids.shape[1], s_ids.shape[1]
     S_B = s_mask.sum(-1).tolist()
-    runner = _lean_runner(policy) or _hf_runner(policy, backbone)
+    buckets = plan_suffix_buckets(S_B)
+    lean = _lean_net(policy)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-        p_pos = torch.arange(Pmax)[None].expand(len(order), -1)
-        hidden_P, cache = runner(p_ids.to(dev), p_pos.to(dev), p_mask.to(dev), None, None)  # [G, Pmax, H]
-        count_trained(policy, hidden_P.shape[0] * Pmax)
-        suffix = []
-        for rows_b in plan_suffix_buckets(S_B):  # rows of similar suffix length: little padding
-            r = torch.tensor(rows_b)
-            W = max(S_B[b] for b in rows_b)
-            idx = row_g[r].to(dev)
-            s_pos = P_B[r, None] + torch.arange(W)[None]
-            mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
-            h, _ = runner(s_ids[r, :W].to(dev), s_pos.to(dev), mask.to(dev), cache, idx)  # [rows, W, H]
-            count_trained(policy, len(rows_b) * W)
-            suffix.append((r, W, h, idx))
+        if lean is not None:
+            net, compiled = lean
+            # compiled: the suffixes attend in one bucket, so that one graph serves every batch
+            attn = [list(range(len(S_B)))] if compiled else buckets
+            hidden_P, suffix = _lean_hidden(policy, net, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets, attn)
+        else:
+            hidden_P, suffix = _hf_hidden(policy, backbone, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets)
     lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size)
     lps, ents = [], []
     for r, W, h, idx in suffix:
@@ -179,38 +178,63 @@ def compute_logprobs_shared(
     return lp, ent
 
 
-def _hf_runner(policy: HFPolicy, backbone):
-    """transformers' forward with a DynamicCache: (ids, positions, key mask, prefix cache, rows of
-    it per sequence) -> (hidden, cache)."""
+def _hf_hidden(policy, backbone, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets):
+    """transformers' forward: each group's prefix once into a DynamicCache, then each suffix bucket
+    on top of its rows' prefixes. -> (hidden_P [G, Pmax, H], [(rows, W, hidden [rows, W, H], group rows)])."""
     from transformers import DynamicCache
 
-    kw = _cache_kwarg(backbone)
-    config = policy.model.config
+    dev, kw, config = policy.device, _cache_kwarg(backbone), policy.model.config
+    Pmax = p_ids.shape[1]
+    cache = DynamicCache(config=config)
+    p_pos = torch.arange(Pmax)[None].expand(len(p_ids), -1)
+    hidden_P = backbone(input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), position_ids=p_pos.to(dev),
+                        use_cache=True, **{kw: cache}).last_hidden_state  # [G, Pmax, H]
+    count_trained(policy, hidden_P.shape[0] * Pmax)
+    S_B = s_mask.sum(-1).tolist()
+    suffix = []
+    for rows_b in buckets:  # rows of similar suffix length: little padding
+        r = torch.tensor(rows_b)
+        W = max(S_B[b] for b in rows_b)
+        idx = row_g[r].to(dev)
+        rows_cache = DynamicCache(config=config)
+        for layer, src in zip(rows_cache.layers, cache.layers):
+            layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
+        s_pos = P_B[r, None] + torch.arange(W)[None]
+        mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
+        h = backbone(input_ids=s_ids[r, :W].to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
+                     use_cache=True, **{kw: rows_cache}).last_hidden_state  # [rows, W, H]
+        count_trained(policy, len(rows_b) * W)
+        suffix.append((r, W, h, idx))
+    return hidden_P, suffix
 
-    def run(ids, pos, key_mask, past, idx):
-        cache = DynamicCache(config=config)
-        if past is not None:
-            for layer, src in zip(cache.layers, past.layers):
-                layer.update(src.keys[idx], src.values[idx])  # each sequence sees its group's prefix
-        h = backbone(input_ids=ids, attention_mask=key_mask, position_ids=pos, use_cache=True, **{kw: cache})
-        return h.last_hidden_state, cache
 
-    return run
-
-
-def _lean_runner(policy: HFPolicy):
-    """The same through tether.policy.lean_train (None when off or the model is not supported)."""
+def _lean_net(policy: HFPolicy):
+    """(tether.policy.lean_train.LeanShared, compiled?) or None when off or the model is not supported."""
     from tether.policy import lean_train
 
     if policy.lean_train == "off" or not lean_train.supports(policy.model, policy.device):
         return None
-    net = lean_train.LeanBackbone(policy.model, policy.autocast_bf16, compile=policy.lean_train == "compile")
+    compiled = policy.lean_train == "compile"
+    return lean_train.LeanShared(policy.model, policy.autocast_bf16, compile=compiled), compiled
 
-    def run(ids, pos, key_mask, past, idx):
-        keep = lean_train.causal_keep(key_mask, ids.shape[1])
-        return net(ids, pos, keep, None if past is None else past.select(idx))
 
-    return run
+def _lean_hidden(policy, net, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets, attn_buckets):
+    """The same hidden states from the lean forward over the flat tokens (no padding in the
+    projections and the MLP; the suffixes attend in `attn_buckets`), gathered into the padded
+    prefix and `buckets` layouts."""
+    from tether.policy.lean_train import shared_layout
+
+    layout = shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, attn_buckets)
+    h = net(layout)  # [N + 1, H]; row N is zeros (padding)
+    count_trained(policy, h.shape[0] - 1)
+    dev = h.device
+    S_B = s_mask.sum(-1).tolist()
+    suffix = []
+    for rows_b in buckets:
+        r = torch.tensor(rows_b)
+        W = max(S_B[b] for b in rows_b)
+        suffix.append((r, W, h[layout.s_index[r, :W].to(dev)], row_g[r].to(dev)))
+    return h[layout.p_index.to(dev)], suffix
 
 
 def _assemble_index(lengths, P_B, row_g, Pmax, Smax, T) -> torch.Tensor:

@@ -127,3 +127,35 @@ def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
         _assert_same(_run(policy, "eager", True, ids, mask, group), _run(policy, "compile", True, ids, mask, group),
                      mask, 5e-2, 5e-2)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_rotary_step_is_transformers_bit_for_bit():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    N, H, d = 37, 4, 16
+    x = torch.randn(N, H, d, generator=torch.Generator().manual_seed(0))
+    freqs = torch.arange(N).float()[:, None] / (10000 ** (torch.arange(0, d, 2).float() / d))[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    ref, _ = apply_rotary_pos_emb(x.transpose(0, 1)[None], x.transpose(0, 1)[None], cos[None], sin[None])
+    assert torch.equal(lean_train._rope(x, *lean_train.rope_tables(cos, sin)), ref[0].transpose(0, 1))
+
+
+def test_flat_layout_places_every_token_once():
+    """The lean forward's flat tokens: every real token once (prefixes once per group), padding
+    slots pointing at the zero row N, and each token's query found exactly where `inv` says."""
+    from tether.policy.prefix import _pad_rows
+
+    p_ids, p_mask = _pad_rows([torch.tensor([5, 6, 7]), torch.tensor([8, 9])], 0, torch.long)
+    s_ids, s_mask = _pad_rows([torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([4, 4, 4, 4])], 0, torch.long)
+    row_g, P_B = torch.tensor([0, 0, 1]), torch.tensor([3, 3, 2])
+    lay = lean_train.shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, [[1], [0, 2]])
+    N = 3 + 2 + 2 + 1 + 4
+    assert lay.ids.tolist() == [5, 6, 7, 8, 9, 1, 2, 3, 4, 4, 4, 4]
+    assert lay.pos.tolist() == [0, 1, 2, 0, 1, 3, 4, 3, 2, 3, 4, 5]
+    assert len(lay.buckets) == 3 and lay.inv.shape == (N,)
+    queries = torch.cat([q.reshape(-1) for q, _, _ in lay.buckets])
+    assert torch.equal(queries[lay.inv], torch.arange(N))  # each token's own query slot
+    assert sorted(queries[queries < N].tolist()) == list(range(N))  # every token exactly once
+    q, k, keep = lay.buckets[2]  # rows 0 and 2: group 0's prefix (3) and group 1's (2, padded), then suffixes
+    assert k[1].tolist() == [3, 4, N, 8, 9, 10, 11] and keep[1, 0, 0].tolist() == [True, True, False, True, False, False, False]

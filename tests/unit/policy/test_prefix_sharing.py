@@ -119,14 +119,17 @@ def test_trained_positions_count_what_each_path_runs(policy):
     assert pol.trained_positions == 0  # scoring without gradients is not training work
     compute_logprobs(pol, ids, mask)
     assert pol.trained_positions == ids.numel()  # padded: rows x width
-    pol.trained_positions = 0
-    compute_logprobs_shared(pol, ids, mask, group)
     lengths = mask.sum(-1).tolist()
     key, P = compute_shared_prefix_lengths(ids, lengths, group.tolist())
     suffix = [L - P[k] for L, k in zip(lengths, key)]
     buckets = plan_suffix_buckets(suffix)
-    expected = len(P) * max(P.values()) + sum(len(b) * max(suffix[i] for i in b) for b in buckets)
-    assert pol.trained_positions == expected < ids.numel()
+    pol.trained_positions, pol.lean_train = 0, "off"  # transformers' forward: padded prefixes and buckets
+    compute_logprobs_shared(pol, ids, mask, group)
+    padded = len(P) * max(P.values()) + sum(len(b) * max(suffix[i] for i in b) for b in buckets)
+    assert pol.trained_positions == padded < ids.numel()
+    pol.trained_positions, pol.lean_train = 0, "eager"  # the lean forward: every token once, no padding
+    compute_logprobs_shared(pol, ids, mask, group)
+    assert pol.trained_positions == count_shared_tokens(lengths, key, P)[1] < padded
 
 
 def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy, tmp_path):

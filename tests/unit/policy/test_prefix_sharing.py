@@ -9,6 +9,7 @@ from tiny_policy_helpers import make_tiny_policy, right_pad
 
 import tether.policy.prefix as prefix_mod
 from tether.policy.hf import compute_logprobs, enable_checkpointing
+from tether.policy.lean_train import padded_rows
 from tether.policy.prefix import (
     compute_logprobs_shared,
     compute_shared_prefix_lengths,
@@ -127,9 +128,10 @@ def test_trained_positions_count_what_each_path_runs(policy):
     compute_logprobs_shared(pol, ids, mask, group)
     padded = len(P) * max(P.values()) + sum(len(b) * max(suffix[i] for i in b) for b in buckets)
     assert pol.trained_positions == padded < ids.numel()
-    pol.trained_positions, pol.lean_train = 0, "eager"  # the lean forward: every token once, no padding
+    pol.trained_positions, pol.lean_train = 0, "eager"  # the lean forward: every token once, spare rows to a grid
     compute_logprobs_shared(pol, ids, mask, group)
-    assert pol.trained_positions == count_shared_tokens(lengths, key, P)[1] < padded
+    tokens = count_shared_tokens(lengths, key, P)[1]
+    assert tokens <= pol.trained_positions == padded_rows(tokens) < padded
 
 
 def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy, tmp_path):

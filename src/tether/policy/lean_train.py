@@ -212,8 +212,8 @@ def _compiled_stack():
 class SharedLayout:
     """Where every token of a prefix-shared batch sits. Flat order: each group's prefix tokens,
     then each sequence's suffix tokens, then spare rows up to N = `padded_rows(tokens)`; index N is
-    padding. p_index [G, Pmax] and s_index [B, Smax]:
-    flat index of prefix token t of group g / suffix token t of sequence b."""
+    padding. p_index [G, Pmax] / s_index [B, Smax]: the flat index of prefix token t of group g /
+    suffix token t of sequence b; `buckets` and `inv`: as `layer_forward` takes them."""
 
     ids: torch.Tensor  # [N]
     pos: torch.Tensor  # [N] position in its sequence

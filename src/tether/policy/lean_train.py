@@ -269,7 +269,7 @@ class LeanShared:
         cfg, self.inner = model.config, model.model
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.bf16 = bf16
+        self.bf16, self.compiled = bf16, compile
         self.stack_fn = _compiled_stack() if compile else stack_forward
 
     def _weights(self, layer) -> tuple:

@@ -155,10 +155,7 @@ def compute_logprobs_shared(
     lean = _lean_net(policy)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
         if lean is not None:
-            net, compiled = lean
-            # compiled: the suffixes attend in one bucket, so that one graph serves every batch
-            attn = [list(range(len(S_B)))] if compiled else buckets
-            hidden_P, suffix = _lean_hidden(policy, net, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets, attn)
+            hidden_P, suffix = _lean_hidden(policy, lean, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets)
         else:
             hidden_P, suffix = _hf_hidden(policy, backbone, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets)
     lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size)
@@ -190,11 +187,8 @@ def _hf_hidden(policy, backbone, p_ids, p_mask, s_ids, s_mask, row_g, P_B, bucke
     hidden_P = backbone(input_ids=p_ids.to(dev), attention_mask=p_mask.to(dev), position_ids=p_pos.to(dev),
                         use_cache=True, **{kw: cache}).last_hidden_state  # [G, Pmax, H]
     count_trained(policy, hidden_P.shape[0] * Pmax)
-    S_B = s_mask.sum(-1).tolist()
     suffix = []
-    for rows_b in buckets:  # rows of similar suffix length: little padding
-        r = torch.tensor(rows_b)
-        W = max(S_B[b] for b in rows_b)
+    for r, W in _bucket_rows(buckets, s_mask):  # rows of similar suffix length: little padding
         idx = row_g[r].to(dev)
         rows_cache = DynamicCache(config=config)
         for layer, src in zip(rows_cache.layers, cache.layers):
@@ -203,37 +197,40 @@ def _hf_hidden(policy, backbone, p_ids, p_mask, s_ids, s_mask, row_g, P_B, bucke
         mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
         h = backbone(input_ids=s_ids[r, :W].to(dev), attention_mask=mask.to(dev), position_ids=s_pos.to(dev),
                      use_cache=True, **{kw: rows_cache}).last_hidden_state  # [rows, W, H]
-        count_trained(policy, len(rows_b) * W)
+        count_trained(policy, len(r) * W)
         suffix.append((r, W, h, idx))
     return hidden_P, suffix
 
 
+def _bucket_rows(buckets: list[list[int]], s_mask: torch.Tensor):
+    """(rows, width) of each suffix bucket: its row indices and its longest suffix."""
+    S_B = s_mask.sum(-1)
+    for rows_b in buckets:
+        r = torch.tensor(rows_b)
+        yield r, int(S_B[r].max())
+
+
 def _lean_net(policy: HFPolicy):
-    """(tether.policy.lean_train.LeanShared, compiled?) or None when off or the model is not supported."""
+    """tether.policy.lean_train.LeanShared, or None when off or the model is not supported."""
     from tether.policy import lean_train
 
     if policy.lean_train == "off" or not lean_train.supports(policy.model, policy.device):
         return None
-    compiled = policy.lean_train == "compile"
-    return lean_train.LeanShared(policy.model, policy.autocast_bf16, compile=compiled), compiled
+    return lean_train.LeanShared(policy.model, policy.autocast_bf16, compile=policy.lean_train == "compile")
 
 
-def _lean_hidden(policy, net, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets, attn_buckets):
+def _lean_hidden(policy, net, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets):
     """The same hidden states from the lean forward over the flat tokens (no padding in the
-    projections and the MLP; the suffixes attend in `attn_buckets`), gathered into the padded
-    prefix and `buckets` layouts."""
+    projections and the MLP), gathered into the padded prefix and `buckets` layouts. Compiled, the
+    suffixes attend in one bucket, so that one graph serves every batch."""
     from tether.policy.lean_train import shared_layout
 
+    attn_buckets = [list(range(len(s_ids)))] if net.compiled else buckets
     layout = shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, attn_buckets)
     h = net(layout)  # [N + 1, H]; row N is zeros (padding)
     count_trained(policy, h.shape[0] - 1)
     dev = h.device
-    S_B = s_mask.sum(-1).tolist()
-    suffix = []
-    for rows_b in buckets:
-        r = torch.tensor(rows_b)
-        W = max(S_B[b] for b in rows_b)
-        suffix.append((r, W, h[layout.s_index[r, :W].to(dev)], row_g[r].to(dev)))
+    suffix = [(r, W, h[layout.s_index[r, :W].to(dev)], row_g[r].to(dev)) for r, W in _bucket_rows(buckets, s_mask)]
     return h[layout.p_index.to(dev)], suffix
 
 

@@ -52,9 +52,18 @@ class ModelConfig(_Base):
 
 
 class DataConfig(_Base):
-    task: str = Field("arith", description="built-in task name, or 'jsonl' to read `path`")
-    path: str | None = Field(None, description="JSONL file: one {prompt, answer, ...} per line")
-    eval_path: str | None = None
+    task: str = Field("arith", description="built-in task name, 'jsonl' to read `path`, or 'hf' to load `path` "
+                                           "with `datasets` (tether.tasks.hf)")
+    path: str | None = Field(None, description="jsonl: one {prompt, answer, ...} per line; hf: a parquet/JSONL/arrow/"
+                                               "CSV file, a save_to_disk directory or a Hub dataset name")
+    eval_path: str | None = Field(None, description="held-out problems; default: data.eval_size rows held out of path")
+    prompt_key: str = Field("prompt", description="hf: the prompt column (a string or a list of chat messages); "
+                                                  "dotted paths reach into nested columns")
+    answer_key: str = Field("answer", description="hf: the gold-answer column (falls back to verl's "
+                                                  "reward_model.ground_truth)")
+    split: str = Field("train", description="hf: the split of a dataset directory or Hub dataset")
+    eval_split: str | None = Field(None, description="hf: a held-out split of the same source (instead of eval_path)")
+    streaming: bool = Field(False, description="hf: read rows lazily, the first train_size (+ eval_size) only")
     train_size: int = Field(2000, gt=0)
     eval_size: int = Field(200, gt=0)
     task_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -352,6 +361,8 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
             out.append(f"reward.correctness={cfg.reward.correctness!r} is not one of reward.components {names}")
     if cfg.data.task == "jsonl" and not cfg.data.path:
         out.append("data.task=jsonl needs data.path=<file.jsonl>")
+    if cfg.data.task == "hf" and not cfg.data.path:
+        out.append("data.task=hf needs data.path=<file.parquet | dataset directory | hub name>")
     out.extend(find_dist_problems(cfg))
     return out
 

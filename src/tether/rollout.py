@@ -19,8 +19,9 @@ from tether.types import Sample, Trajectory, TrajectoryGroup, Turn
 
 
 def encode_prompt(tokenizer, problem: Mapping[str, Any], chat: bool = False) -> list[int]:
-    """Prompt token ids: raw text, or the chat template with a generation prompt."""
-    if chat:
+    """Prompt token ids: raw text, or the chat template with a generation prompt (always for a
+    problem whose prompt is a list of chat messages, e.g. verl's parquet layout)."""
+    if chat or problem.get("messages"):
         msgs = problem.get("messages") or [{"role": "user", "content": problem["prompt"]}]
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)

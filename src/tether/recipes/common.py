@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover
     pass
 from tether.policy.hf import HFPolicy, enable_checkpointing, load_policy, make_policy
 from tether.runtime import retain_freed_memory
-from tether.tasks import demonstration, load_jsonl, make_splits
+from tether.tasks import demonstration, is_file_task, load_jsonl, make_splits
 
 
 def seed_everything(seed: int, deterministic: bool | None = None, threads: int | None = None,
@@ -53,11 +53,22 @@ def seed_run(run: RunConfig) -> None:
 
 
 def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, held-out) problems from a built-in task or JSONL files."""
+    """(train, held-out) problems from a built-in task, a JSONL file or a `datasets` source. A
+    file without `data.eval_path` gives up `data.eval_size` of its rows as the held-out split."""
     d = cfg.data
+    if d.task == "hf":
+        from tether.tasks.hf import setup_hf_problems
+
+        return setup_hf_problems(d)
     if d.task == "jsonl":
-        train = load_jsonl(d.path)
-        held = load_jsonl(d.eval_path) if d.eval_path else train[: min(len(train), d.eval_size)]
+        from tether.tasks.hf import split_held_out
+
+        rows = load_jsonl(d.path)
+        if d.eval_path:
+            return rows, load_jsonl(d.eval_path)
+        train, held = split_held_out(rows, d.eval_size, d.seed)
+        print(f"[tether] data: no data.eval_path; holding out {len(held)} of {len(rows)} rows of {d.path} "
+              f"for evaluation — they are never trained on", flush=True)
         return train, held
     return make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)
 
@@ -65,7 +76,7 @@ def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[s
 def tokenizer_corpus(cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[str]:
     texts = []
     for p in problems:
-        demo = p.get("completion") or (demonstration(cfg.data.task, p) if cfg.data.task != "jsonl" else p["answer"])
+        demo = p.get("completion") or (p["answer"] if is_file_task(cfg.data.task) else demonstration(cfg.data.task, p))
         texts.append(p["prompt"] + demo)
     return texts
 

@@ -30,7 +30,7 @@ from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, compute_logprobs
 from tether.recipes.common import graceful_interrupt, progress_bar, seed_run, setup_policy, setup_problems
 from tether.rollout import encode_prompt
-from tether.tasks import demonstration
+from tether.tasks import demonstration, is_file_task
 
 
 def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[SeqRecord]:
@@ -46,7 +46,7 @@ def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[
     rng = random.Random(cfg.run.seed)
     for i, p in enumerate(problems):
         demo = p.get("completion") or (
-            demonstration(cfg.data.task, p, cfg.sft.demo_noise, rng) if cfg.data.task != "jsonl" else p["answer"])
+            p["answer"] if is_file_task(cfg.data.task) else demonstration(cfg.data.task, p, cfg.sft.demo_noise, rng))
         prompt = encode_prompt(tok, p, cfg.data.chat)
         completion = list(tok.encode(demo, add_special_tokens=False)) + [eos]
         ids = prompt + completion

@@ -32,6 +32,12 @@ class TaskSpec:
 
 
 TASKS: Registry[Callable[[], TaskSpec]] = Registry("task")
+FILE_TASKS = ("jsonl", "hf")  # data.task values that read problems from data.path (no generator, no expert)
+
+
+def is_file_task(name: str) -> bool:
+    """Problems come from a file or dataset: demonstrations are the rows' `completion` or `answer`."""
+    return name in FILE_TASKS
 
 
 def _arith_problem(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:

@@ -127,15 +127,16 @@ def _register_reports(app: typer.Typer) -> None:
 
     @app.command()
     def report(
-        run_dir: Path = typer.Argument(..., help="a run directory (or a pipeline directory with rl/ or sft/)"),
+        run_dir: Path = typer.Argument(..., help="a run directory (or a pipeline directory with rl/ or sft/, or a tether sweep directory)"),
         out: Optional[Path] = typer.Option(None, "--out", help="output file (default: <run>/report.html)"),
     ) -> None:
         """One self-contained HTML report: curves, evaluation, health timeline, trajectories, config."""
         from tether.report.html import write_report
+        from tether.report.sweep import write_sweep_report
 
         _check_dirs([run_dir])
-        try:
-            path = write_report(run_dir, out)
+        try:  # a sweep directory (tether sweep) gets the sweep page
+            path = write_sweep_report(run_dir, out) if (run_dir / "sweep.json").exists() else write_report(run_dir, out)
         except (FileNotFoundError, ValueError) as err:
             _fail(str(err), 1)
         typer.echo(f"wrote {path}")

@@ -1,0 +1,76 @@
+"""CLI: `tether sweep CONFIG --grid key=v1,v2 ... --seeds 0,1,2` (tether.sweep)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"tether: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sweep(
+        config: Path = typer.Argument(..., help="YAML config (may hold a `sweep:` block: grid, seeds, command, metric, workers)"),
+        overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides applied to every run"),
+        grid: Optional[List[str]] = typer.Option(None, "--grid", help="key.path=v1,v2 (repeat for a cartesian product)"),
+        seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated run seeds (default: 0,1,2)"),
+        command: Optional[str] = typer.Option(None, "--command", help="what each run is: train | pipeline | sft (default train)"),
+        metric: Optional[str] = typer.Option(None, "--metric", help="summary.json key compared (default final_accuracy)"),
+        workers: Optional[int] = typer.Option(None, "--workers", help="runs at a time (default 1)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="sweep directory (default runs/<name>-sweep-<timestamp>); "
+                                                              "an existing one is resumed"),
+    ) -> None:
+        """Run a grid of configs x seeds (resumable); mean +- s.e. per arm and differences -> sweep.json, sweep.md."""
+        from tether.cli import _load, _offline_env
+        from tether.sweep import SweepError, SweepSpec, format_table, load_sweep_config, parse_grid, parse_seeds, run_sweep
+
+        _offline_env()
+        try:
+            base, block = load_sweep_config(config)
+            base.setdefault("run", {}).setdefault("name", config.stem)
+            spec = SweepSpec(
+                grid=parse_grid(grid) if grid else {str(k): [str(v) for v in vs] for k, vs in (block.get("grid") or {}).items()},
+                seeds=parse_seeds(seeds if seeds is not None else block.get("seeds", [0, 1, 2])),
+                command=command or block.get("command", "train"), metric=metric or block.get("metric", "final_accuracy"),
+                overrides=list(overrides or []))
+            spec.validate()
+            n_workers = workers if workers is not None else int(block.get("workers", 1))
+            if n_workers < 1:
+                raise SweepError(f"--workers must be >= 1, got {n_workers}")
+        except SweepError as err:
+            _fail(str(err))
+        # every arm's config must load before anything runs: a typo fails now, not after an hour
+        for arm in spec.arms():
+            _check_arm(base, spec.overrides + list(arm.overrides), _load)
+        rd = out or Path("runs") / f"{base['run']['name']}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            payload = run_sweep(spec, base, rd, workers=n_workers)
+        except SweepError as err:
+            _fail(str(err))
+        typer.echo(format_table(payload["table"]))
+        if payload["failures"]:
+            typer.echo(f"{len(payload['failures'])} run(s) failed: " + "; ".join(payload["failures"]), err=True)
+        typer.echo(f"wrote {rd / 'sweep.json'} and {rd / 'sweep.md'}")
+        if payload["failures"]:
+            raise typer.Exit(1)
+
+
+def _check_arm(base: dict, overrides: list[str], load) -> None:
+    """Validate one arm's config (base + overrides) through the normal loader; exits 2 on an error."""
+    import tempfile
+
+    import yaml
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(base, f)
+    try:
+        load(Path(f.name), overrides)
+    finally:
+        Path(f.name).unlink(missing_ok=True)

@@ -1,0 +1,374 @@
+"""`tether sweep`: a grid of config overrides x seeds, one run directory each, then mean +- standard
+error per arm and the difference of every arm from the first.
+
+    tether sweep configs/reverse.yaml --grid algo.advantage.name=grpo,dr_grpo --seeds 0,1,2
+    # or a `sweep:` block in the YAML (grid, seeds, command, metric, workers); flags win over it
+
+Layout of the sweep directory:
+
+    <out>/base.yaml               the config without its `sweep:` block (what every run starts from)
+    <out>/sweep_spec.json         grid, seeds, command, metric: a resumed sweep must match it
+    <out>/<arm>/seed-<s>/         one ordinary run directory (`tether train` / `tether pipeline`)
+    <out>/<arm>/seed-<s>.log      that run's output
+    <out>/sweep.json, sweep.md    per-run values, the table; plots/sweep.png
+
+Statistics (`compute_sweep_table`): an arm's mean and its standard error s / sqrt(n) with the
+sample standard deviation (ddof = 1). Arms are compared with the first arm. When both arms ran
+the same seeds the comparison is paired (same seed = same initial weights, data order and
+sampling stream, so the per-seed differences carry less noise): the mean of the per-seed
+differences and their standard error. Otherwise Welch's: the difference of the means with
+sqrt(se_a^2 + se_b^2). A difference is called "within noise" when its magnitude is below two
+standard errors.
+
+Resuming: a run whose directory holds `summary.json` is done and is not run again; an unfinished
+run's directory is moved aside (`seed-<s>.incomplete-<k>`, never deleted) and the run starts
+over. Runs execute as separate processes (`python -m tether.cli ...`), up to `workers` at a time
+(each with `run.threads` = cores / workers unless the overrides set it).
+
+Deliberate simplifications: no Ray backend (runs are processes on this machine); an unfinished
+run restarts from step 0 instead of resuming from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+COMMANDS = ("train", "pipeline", "sft")
+
+
+class SweepError(ValueError):
+    """Invalid sweep input (grid, seeds, spec mismatch on resume); the CLI prints it in one line."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One point of the grid: its overrides (`key=value`) and a directory-safe name."""
+
+    overrides: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.overrides) if self.overrides else "base"
+
+    @property
+    def slug(self) -> str:
+        text = "__".join(self.overrides) if self.overrides else "base"
+        return re.sub(r"[^A-Za-z0-9._=+-]+", "-", text)[:150]
+
+
+@dataclass
+class SweepSpec:
+    grid: dict[str, list[str]]
+    seeds: list[int]
+    command: str = "train"
+    metric: str = "final_accuracy"
+    overrides: list[str] = field(default_factory=list)
+
+    def arms(self) -> list[Arm]:
+        return expand_arms(self.grid)
+
+    def validate(self) -> None:
+        if self.command not in COMMANDS:
+            raise SweepError(f"sweep command {self.command!r} is not one of {', '.join(COMMANDS)}")
+        if not self.seeds:
+            raise SweepError("no seeds: pass --seeds 0,1,2 (or sweep.seeds in the YAML)")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise SweepError(f"seeds repeat: {self.seeds}")
+        for key, values in self.grid.items():
+            if not values:
+                raise SweepError(f"--grid {key}: no values (expected {key}=v1,v2)")
+            if key == "run.seed":
+                raise SweepError("--grid run.seed: use --seeds for seeds")
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
+    """["a.b=1,2", "c=x"] -> {"a.b": ["1", "2"], "c": ["x"]} (order kept; a key given twice is an error)."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SweepError(f"--grid {item!r}: expected key.path=v1,v2")
+        if key in grid:
+            raise SweepError(f"--grid {key} given twice")
+        grid[key] = [v.strip() for v in values.split(",") if v.strip()]
+        if not grid[key]:
+            raise SweepError(f"--grid {item!r}: no values after '='")
+    return grid
+
+
+def parse_seeds(text: str | Sequence[int]) -> list[int]:
+    if not isinstance(text, str):
+        return [int(s) for s in text]
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SweepError(f"--seeds {text!r}: expected integers like 0,1,2") from None
+
+
+def expand_arms(grid: Mapping[str, Sequence[str]]) -> list[Arm]:
+    """The cartesian product of the grid, in the order given (the first arm is the reference)."""
+    keys = list(grid)
+    combos = itertools.product(*(grid[k] for k in keys)) if keys else [()]
+    return [Arm(tuple(f"{k}={_yaml_value(v)}" for k, v in zip(keys, combo))) for combo in combos]
+
+
+def _yaml_value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+# ----------------------------------------------------------------------------------- statistics
+
+def compute_arm_stats(values: Sequence[float]) -> dict[str, float]:
+    """mean, sample standard deviation (ddof=1), standard error sd/sqrt(n), n. One value: se = nan."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(vals)
+    if n == 0:
+        return {"n": 0, "mean": float("nan"), "sd": float("nan"), "se": float("nan")}
+    mean = sum(vals) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else float("nan")
+    return {"n": n, "mean": mean, "sd": sd, "se": sd / math.sqrt(n) if n > 1 else float("nan")}
+
+
+def compute_difference(ref: Mapping[int, float], other: Mapping[int, float]) -> dict[str, Any]:
+    """other - ref, by seed. Paired when both have the same seeds (>= 2), else Welch's."""
+    ref = {s: v for s, v in ref.items() if v is not None and math.isfinite(v)}
+    other = {s: v for s, v in other.items() if v is not None and math.isfinite(v)}
+    if ref and set(ref) == set(other) and len(ref) >= 2:
+        d = compute_arm_stats([other[s] - ref[s] for s in sorted(ref)])
+        diff, se, kind = d["mean"], d["se"], "paired"
+    else:
+        a, b = compute_arm_stats(list(ref.values())), compute_arm_stats(list(other.values()))
+        diff, se, kind = b["mean"] - a["mean"], math.sqrt(a["se"] ** 2 + b["se"] ** 2), "welch"
+    noise = not (math.isfinite(se) and abs(diff) >= 2 * se)
+    return {"diff": diff, "se": se, "kind": kind, "within_noise": noise}
+
+
+def metric_of(summary: Mapping[str, Any], metric: str) -> float | None:
+    """A value of summary.json by key, or a dotted path into nested dicts ("final_eval.eval/pass@1")."""
+    if metric in summary:
+        v: Any = summary[metric]
+    else:
+        v = summary
+        for part in metric.split("."):
+            if not isinstance(v, Mapping) or part not in v:
+                return None
+            v = v[part]
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def compute_sweep_table(results: Sequence[Mapping[str, Any]], arms: Sequence[Arm], metric: str) -> list[dict[str, Any]]:
+    """One row per arm: mean +- se of `metric` over seeds, and the difference from the first arm."""
+    by_arm: dict[str, dict[int, float]] = {a.label: {} for a in arms}
+    for r in results:
+        v = r.get("value")
+        if r["arm"] in by_arm and v is not None:
+            by_arm[r["arm"]][int(r["seed"])] = float(v)
+    rows, ref = [], by_arm[arms[0].label] if arms else {}
+    for i, arm in enumerate(arms):
+        vals = by_arm[arm.label]
+        row = {"arm": arm.label, "metric": metric, **compute_arm_stats(list(vals.values())),
+               "values": {str(s): v for s, v in sorted(vals.items())}}
+        if i > 0:
+            row["vs_first"] = compute_difference(ref, vals)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The sweep table as Markdown (mean +- se, n, difference from the first arm +- se)."""
+    if not rows:
+        return "(no arms)"
+    first = rows[0]["arm"]
+    out = [f"| arm | {rows[0]['metric']} (mean ± s.e.) | n | vs `{first}` (± s.e.) |", "|---|---|---|---|"]
+    for r in rows:
+        cell = f"{r['mean']:.4f} ± {r['se']:.4f}" if r["n"] else "—"
+        d = r.get("vs_first")
+        dcell = "(reference)" if d is None else (
+            f"{d['diff']:+.4f} ± {d['se']:.4f} ({d['kind']}{', within noise' if d['within_noise'] else ''})")
+        out.append(f"| `{r['arm']}` | {cell} | {r['n']} | {dcell} |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------- running
+
+RunFn = Callable[[Sequence[str], Path, Path], int]
+
+
+def run_cli_subprocess(argv: Sequence[str], run_dir: Path, log_path: Path) -> int:
+    """Run `python -m tether.cli ARGV --run-dir RUN_DIR` with its output in `log_path`; the exit code."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.run([sys.executable, "-m", "tether.cli", *argv, "--run-dir", str(run_dir)],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+    return proc.returncode
+
+
+def load_sweep_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config without `sweep:`, the `sweep:` block or {})."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SweepError(f"{path}: cannot read the config ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise SweepError(f"{path}: expected a YAML mapping at the top")
+    block = raw.pop("sweep", None) or {}
+    if not isinstance(block, dict):
+        raise SweepError(f"{path}: `sweep:` must be a mapping (grid, seeds, command, metric, workers)")
+    unknown = set(block) - {"grid", "seeds", "command", "metric", "workers"}
+    if unknown:
+        raise SweepError(f"{path}: unknown sweep key(s) {sorted(unknown)}; valid: grid, seeds, command, metric, workers")
+    return raw, block
+
+
+def _prepare_dir(out: Path, base: Mapping[str, Any], spec: SweepSpec) -> None:
+    """Write base.yaml and sweep_spec.json, or check that a resumed sweep asks for the same thing."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path, want = out / "sweep_spec.json", asdict(spec)
+    if spec_path.exists():
+        have = json.loads(spec_path.read_text())
+        diff = sorted(k for k in want if have.get(k) != want[k])
+        if diff:
+            raise SweepError(f"{out} holds a different sweep (differs in {', '.join(diff)}); "
+                             "use another --out, or the same grid/seeds/command/metric to resume it")
+        old = yaml.safe_load((out / "base.yaml").read_text()) if (out / "base.yaml").exists() else None
+        if old is not None and old != dict(base):
+            raise SweepError(f"{out}/base.yaml differs from the config given; use another --out to sweep the new config")
+    (out / "base.yaml").write_text(yaml.safe_dump(dict(base), sort_keys=False))
+    spec_path.write_text(json.dumps(want, indent=1))
+
+
+def _collect(run_dir: Path, arm: Arm, seed: int, metric: str) -> dict[str, Any] | None:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return {"arm": arm.label, "seed": seed, "run_dir": str(run_dir), "value": metric_of(summary, metric),
+            "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
+
+
+def _move_aside(run_dir: Path) -> None:
+    if run_dir.exists():
+        k = 1
+        while run_dir.with_name(f"{run_dir.name}.incomplete-{k}").exists():
+            k += 1
+        run_dir.rename(run_dir.with_name(f"{run_dir.name}.incomplete-{k}"))
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m {s:02d}s" if m else f"{s}s"
+
+
+def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int = 1, run_fn: RunFn = run_cli_subprocess,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every (arm, seed) not yet done, then write sweep.json, sweep.md and plots/sweep.png."""
+    spec.validate()
+    out = Path(out)
+    _prepare_dir(out, base, spec)
+    arms = spec.arms()
+    threads = [] if any(o.startswith("run.threads=") for o in spec.overrides) or workers <= 1 else [
+        f"run.threads={max(1, (os.cpu_count() or 2) // workers)}"]
+    todo, results = [], []
+    for arm in arms:
+        for seed in spec.seeds:
+            run_dir = out / arm.slug / f"seed-{seed}"
+            done = _collect(run_dir, arm, seed, spec.metric)
+            if done is not None:
+                results.append(done)
+            else:
+                todo.append((arm, seed, run_dir))
+    total = len(arms) * len(spec.seeds)
+    log(f"[tether sweep] {len(arms)} arms x {len(spec.seeds)} seeds = {total} runs; {total - len(todo)} done, "
+        f"{len(todo)} to run ({workers} at a time) -> {out}")
+    failures: list[str] = []
+    t0, finished = time.perf_counter(), 0
+
+    def one(arm: Arm, seed: int, run_dir: Path) -> tuple[Arm, int, Path, int, float]:
+        _move_aside(run_dir)
+        argv = [spec.command, str(out / "base.yaml"), *spec.overrides, *arm.overrides, *threads, f"run.seed={seed}"]
+        t = time.perf_counter()
+        code = run_fn(argv, run_dir, run_dir.with_name(f"seed-{seed}.log"))
+        return arm, seed, run_dir, code, time.perf_counter() - t
+
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:  # on Ctrl-C (or a run_fn that raises) queued runs are cancelled; finished ones stay done
+        pending: set[Future] = {pool.submit(one, *item) for item in todo}
+        while pending:
+            done_set, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done_set:
+                arm, seed, run_dir, code, secs = fut.result()
+                finished += 1
+                row = _collect(run_dir, arm, seed, spec.metric) if code == 0 else None
+                if row is None:
+                    failures.append(f"{arm.label} seed {seed} (exit {code}; log {run_dir.name}.log)")
+                else:
+                    results.append(row)
+                rate = (time.perf_counter() - t0) / finished
+                eta = rate * (len(todo) - finished)
+                value = "failed" if row is None else f"{spec.metric}={row['value']}"
+                log(f"[tether sweep] {total - len(todo) + finished}/{total} runs  {arm.label} seed {seed}: {value} "
+                    f"({secs:.0f}s)  ETA {_fmt_eta(eta)}")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return write_sweep_results(out, spec, arms, results, failures)
+
+
+def write_sweep_results(out: Path, spec: SweepSpec, arms: Sequence[Arm], results: Sequence[Mapping[str, Any]],
+                        failures: Sequence[str] = ()) -> dict[str, Any]:
+    rows = compute_sweep_table(results, arms, spec.metric)
+    order = {(a.label, s): i for i, (a, s) in enumerate(itertools.product(arms, spec.seeds))}
+    payload = {"spec": asdict(spec), "table": rows, "failures": list(failures),
+               "runs": sorted(results, key=lambda r: order.get((r["arm"], int(r["seed"])), 0)),
+               "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / "sweep.json").write_text(json.dumps(payload, indent=1, default=float))
+    (out / "sweep.md").write_text(format_table(rows) + "\n")
+    plot_sweep(rows, out / "plots" / "sweep.png")
+    return payload
+
+
+def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Mean +- standard error per arm, each seed's value as a dot."""
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(rows) + 2), 3.6))
+    for i, r in enumerate(rows):
+        se = r["se"] if math.isfinite(r["se"]) else 0.0
+        ax.errorbar([i], [r["mean"]], yerr=[se], fmt="o", color="C0", capsize=6, markersize=7)
+        vals = list(r["values"].values())
+        ax.scatter([i + 0.12] * len(vals), vals, color="C1", s=12, alpha=0.8, zorder=3)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r["arm"] for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(rows[0]["metric"])
+    ax.set_title("mean ± standard error (dots: seeds)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["Arm", "SweepSpec", "SweepError", "parse_grid", "parse_seeds", "expand_arms", "compute_arm_stats",
+           "compute_difference", "compute_sweep_table", "format_table", "metric_of", "run_sweep", "load_sweep_config",
+           "write_sweep_results", "plot_sweep"]

@@ -25,6 +25,7 @@ from tether.policy.chat import Message
 from tether.types import Outcome
 
 MAX_RESULT_CHARS = 2000  # a tool's output enters the context: keep it bounded
+_CALL_PREFIXES = ("[TOOL_CALLS]", "<|python_tag|>")
 _HERMES_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -97,8 +98,8 @@ def _parse_payload(payload: str) -> tuple[list[ToolCall], list[str]]:
 
 def parse_tool_calls(text: str) -> ParsedAction:
     """Hermes-style `<tool_call>{json}</tool_call>` blocks (any number), else a bare JSON
-    function call (`{"name": ..., "arguments": {...}}` or a list of them, optionally in a ```json
-    fence). Text that is neither is a plain answer (no calls, no errors). An unclosed
+    function call (`{"name": ..., "arguments": {...}}` — Llama 3's `"parameters"` too — or a list
+    of them, optionally in a ```json fence or after Mistral's `[TOOL_CALLS]`). Text that is neither is a plain answer (no calls, no errors). An unclosed
     `<tool_call>` or JSON that fails to parse is a parse error, never an exception."""
     calls: list[ToolCall] = []
     errors: list[str] = []
@@ -116,6 +117,8 @@ def parse_tool_calls(text: str) -> ParsedAction:
         bare = rest.strip()
         fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", bare, re.DOTALL)
         bare = fenced.group(1) if fenced else bare
+        for prefix in _CALL_PREFIXES:  # Mistral's `[TOOL_CALLS] [...]`, Llama 3's `<|python_tag|>{...}`
+            bare = bare.removeprefix(prefix).lstrip()
         if bare.startswith(("{", "[")) and '"name"' in bare:
             c, e = _parse_payload(bare)
             calls += c

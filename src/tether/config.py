@@ -305,6 +305,16 @@ class EnvConfig(_Base):
     context: ContextConfig = ContextConfig()
 
 
+class SandboxConfig(_Base):
+    """Where model-written code runs (tether/envs/sandbox.py; docs/agentic.md, "The code sandbox")."""
+
+    backend: Literal["bwrap", "unshare", "rlimits"] | None = Field(
+        None, description="default: $TETHER_SANDBOX_BACKEND, else bwrap (bubblewrap), required unless you opt in to "
+        "a weaker backend, which warns naming what it does not protect: unshare (no filesystem isolation) or "
+        "rlimits (limits and a uid only)"
+    )
+
+
 class TetherConfig(_Base):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -320,6 +330,7 @@ class TetherConfig(_Base):
     health: HealthConfig = HealthConfig()
     env: EnvConfig = EnvConfig()
     dist: DistConfig = DistConfig()
+    sandbox: SandboxConfig = SandboxConfig()
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tether.config import RunConfig, TetherConfig
+from tether.envs.sandbox_backends import configure_sandbox
 
 try:  # transformers' "Writing model shards" bars would flood the logs at every checkpoint
     from transformers.utils import logging as _hf_logging
@@ -55,6 +56,7 @@ def seed_run(run: RunConfig) -> None:
 def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, held-out) problems from a built-in task, a JSONL file or a `datasets` source. A
     file without `data.eval_path` gives up `data.eval_size` of its rows as the held-out split."""
+    configure_sandbox(cfg.sandbox.backend)  # before the tasks: the code environment checks it at start
     d = cfg.data
     if d.task == "hf":
         from tether.tasks.hf import setup_hf_problems

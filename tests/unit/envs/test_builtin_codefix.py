@@ -14,12 +14,23 @@ from tether.config import EnvConfig
 from tether.envs import Action, make_env, parse_tool_calls, run_expert_episode
 from tether.envs.builtin import codefix
 from tether.envs.builtin.codefix import FAMILIES, run_tests_cached
+from tether.envs import sandbox
 from tether.envs.sandbox import SandboxResult
+from tether.envs.sandbox_backends import ENV_VAR
 from tether.tasks import make_problems, make_splits
 from tether.types import Outcome, StopReason
 
-# uid 65534's NPROC is one budget for all executions: share the hostile sandbox tests' worker, never overlap them
+# One at a time across xdist workers, with the hostile sandbox tests: a non-root trainer's NPROC is one budget
 pytestmark = pytest.mark.exclusive("sandbox")
+BWRAP_WHY = sandbox._probe("bwrap")
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_backend(monkeypatch):
+    """These tests grade programs (the isolation is test_sandbox*.py's): without bubblewrap the
+    environment would refuse to start, so they opt in to the rlimits backend, as a user could."""
+    if BWRAP_WHY is not None:
+        monkeypatch.setenv(ENV_VAR, "rlimits")
 
 
 def _call(name, **args):

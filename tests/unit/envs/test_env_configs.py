@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tether.config import load_config
-from tether.envs import is_env_task
+from tether.envs import is_env_task, sandbox
+from tether.envs.sandbox_backends import ENV_VAR
 from tether.recipes.common import setup_problems
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -16,7 +17,9 @@ ENV_CONFIGS = ["household.yaml", "shop.yaml", "qa.yaml", "codefix.yaml", "calc.y
 
 
 @pytest.mark.parametrize("name", ENV_CONFIGS)
-def test_env_config_runs_as_documented(name):
+def test_env_config_runs_as_documented(name, monkeypatch):
+    if name == "codefix.yaml" and sandbox._probe("bwrap") is not None:
+        monkeypatch.setenv(ENV_VAR, "rlimits")  # without bubblewrap the code environment needs the opt-in
     path = CONFIGS / name
     if not path.is_file():
         pytest.skip(f"{name} not shipped")

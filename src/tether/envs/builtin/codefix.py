@@ -11,6 +11,9 @@ edit makes every test pass (reward 1, `info["correct"]`), when the agent replies
 call (it submits: reward 1 only if the tests pass) or at env.max_turns.
 
 Tests run through `tether.envs.sandbox.run_python_tests` (bubblewrap, rlimits, pristine tests).
+Without a usable sandbox (bubblewrap, or the weaker backend the user opted in to with
+`sandbox.backend`) the environment refuses to start: generating its tasks raises a ConfigError
+with the install hint (a one-line error from the CLI, before any model is built).
 An *infrastructure* failure of the sandbox (`infra_error`) is not the program's fault: the step
 raises, the runner ends the episode as `env_error`, and the episode is masked out of the update
 instead of being scored 0 (NeMo-Gym PR#2015). Results are cached per (code, tests) — grading
@@ -33,7 +36,8 @@ from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
-from tether.envs.sandbox import SandboxLimits, run_python_tests
+from tether.config import ConfigError
+from tether.envs.sandbox import SandboxLimits, SandboxUnavailable, resolve_backend, run_python_tests
 from tether.envs.tools import Tool, make_tool
 from tether.policy.chat import Message
 
@@ -73,8 +77,17 @@ def _call(name: str, args: tuple) -> str:
     return f"{name}({', '.join(repr(a) for a in args)})"
 
 
+def require_sandbox() -> None:
+    """Refuse to start without a working sandbox of the configured backend (probed once per process)."""
+    try:
+        resolve_backend()
+    except SandboxUnavailable as exc:
+        raise ConfigError(f"env codefix runs model-written code: {exc}") from None
+
+
 def make_codefix_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
     """A buggy one-line function, an issue report, its fix and three tests from the correct version."""
+    require_sandbox()
     names, kind, good, wrong, draw = FAMILIES[rng.choice(list(kw.get("families", range(len(FAMILIES)))))]
     name, params = rng.choice(names), rng.choice(PARAMS[kind])
     keys = {"ab": ("a", "b"), "n": ("n",), "xs": ("xs",)}[kind]
@@ -162,6 +175,7 @@ class CodeFixEnv:
     tools = TOOLS
 
     def __init__(self, task: Mapping[str, Any]) -> None:
+        require_sandbox()  # tasks loaded from a file never went through make_codefix_task
         self.task = task
         self.code = task["code"]
 

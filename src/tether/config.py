@@ -218,6 +218,22 @@ class SFTConfig(_Base):
     )
 
 
+class RMConfig(_Base):
+    """`tether rm`: a Bradley-Terry reward model trained from preference pairs (tether.recipes.rm)."""
+
+    pairs: str | None = Field(None, description="JSONL of {prompt, chosen, rejected}; None: pairs from verifier "
+                                                "outcomes of `samples` rollouts per training problem of model.path")
+    eval_pairs: str | None = Field(None, description="held-out pairs (default: eval_fraction of the pairs)")
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    samples: int = Field(8, ge=2, description="rollouts per problem when pairs come from verifier outcomes")
+    problems: int = Field(256, gt=0, description="training problems sampled for verifier pairs")
+    steps: int = Field(200, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(16, gt=0)
+    max_length: int = Field(256, gt=0)
+    eval_every: int = Field(50, ge=0)
+
+
 class RewardComponentConfig(_Base):
     name: str
     weight: float = 1.0
@@ -323,6 +339,7 @@ class TetherConfig(_Base):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     sft: SFTConfig = SFTConfig()
+    rm: RMConfig = RMConfig()
     reward: RewardConfig = RewardConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

@@ -46,6 +46,7 @@ from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_chec
 from tether.recipes.common import (
     graceful_interrupt, make_reference, progress_bar, reset_reference, seed_run, setup_policy, setup_problems,
 )
+from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import compute_rollout_stats, run_rollouts
 from tether.types import TrainBatch, TrajectoryGroup
 from tether.update import UpdateState, compute_batch_logprobs, run_update
@@ -252,6 +253,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         enable_checkpointing(policy.model)
     policy.model.train()
     st = RLState(cfg, policy, train)
+    set_live_policy(policy.model, policy.tokenizer)  # for rewards that ask the policy itself (judge model=policy)
     if ckpt is not None:
         st.load_extra_state(load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
         rd.truncate_metrics_after(st.step)

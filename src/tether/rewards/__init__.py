@@ -10,12 +10,16 @@
 - `compose.py`    `RewardSpec`: weighted components, each kept; correctness tracked apart
 - `isolation.py`  `run_rewards`: process / thread / inline execution, outcomes, metrics
 - `pool.py`       the persistent forked worker pool behind `process` isolation
+- `rm.py`         Bradley-Terry reward models and the batched `reward_model` component
+- `judge.py`      the batched `judge` component: a local/remote LLM or the policy grades against a rubric
 """
 
 from __future__ import annotations
 
 from tether.rewards import format as _format  # noqa: F401  (registers format, length)
 from tether.rewards import verifiers as _verifiers  # noqa: F401  (registers the verifiers)
+from tether.rewards import judge as _judge  # noqa: F401  (registers judge: an LLM grades against a rubric)
+from tether.rewards import rm as _rm  # noqa: F401  (registers reward_model: a Bradley-Terry reward model)
 from tether.rewards.base import (
     REWARD_FUNCTIONS,
     CallResult,

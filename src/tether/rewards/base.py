@@ -126,6 +126,49 @@ def run_reward_call(fn: RewardFn, text: str, task: Mapping[str, Any], kwargs: Ma
     return compute_checked_value(raw)
 
 
+def is_batched(fn: RewardFn) -> bool:
+    """A batched component scores all texts of a call at once: `fn(texts, tasks, **kwargs) -> list`."""
+    return bool(getattr(fn, "batched", False))
+
+
+def run_batched_call(fn: RewardFn, texts: list[str] | tuple, tasks: list | tuple, kwargs: Mapping[str, Any],
+                     timeout_s: float) -> list[CallResult]:
+    """Run one batched component over every text; failures are values, one per text.
+
+    The call runs on a daemon thread with a wall clock (a hung model or HTTP judge is tagged
+    TIMEOUT for every text and abandoned, as in `thread` isolation); an exception is ERROR for
+    every text; a result list of the wrong length is INVALID for every text (never shifted onto
+    other samples); each element is checked like a per-sample result (None / NaN -> INVALID, so a
+    judge's unparseable answer is counted and handled by `reward.on_error`).
+    """
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["raw"] = fn(list(texts), list(tasks), **kwargs)
+        except RewardTimeout as err:
+            box["timeout"] = make_error_text(err)
+        except (Exception, SystemExit) as err:
+            box["error"] = make_error_text(err)
+
+    worker = threading.Thread(target=target, daemon=True, name="tether-batched-reward")
+    worker.start()
+    worker.join(timeout_s)
+    n = len(texts)
+    if worker.is_alive():
+        return [CallResult(Outcome.TIMEOUT, error=f"batched reward: no result within {timeout_s:g}s")] * n
+    if "timeout" in box or "error" in box:
+        outcome = Outcome.TIMEOUT if "timeout" in box else Outcome.ERROR
+        return [CallResult(outcome, error=box.get("timeout") or box["error"])] * n
+    raw = box.get("raw")
+    if not isinstance(raw, (list, tuple)) or len(raw) != n:
+        got = f"{type(raw).__name__} of length {len(raw)}" if isinstance(raw, (list, tuple)) else type(raw).__name__
+        return [CallResult(Outcome.INVALID, error=f"batched reward returned {got}, expected a list of {n}")] * n
+    return [compute_checked_value(r) for r in raw]
+
+
 def load_reward_fn(name: str) -> RewardFn:
     """A registered built-in by name, or `package.module:function` imported from user code.
 

@@ -21,6 +21,11 @@ Isolation modes (`reward.isolation`):
   (an LLM judge over HTTP) where forking is unwanted.
 - `inline`: plain calls in the caller's thread, no time-out, no isolation — for debugging with
   a breakpoint inside a reward function. Exceptions are still tagged, never raised.
+
+Batched components (a reward model, an LLM judge: `fn.batched = True`, `fn(texts, tasks, **kw)`
+returning one value per text) run once per scoring call in this process, on a daemon thread with
+a wall clock of `reward.timeout_s` per sample (`base.run_batched_call`): a model is loaded once
+and scores the whole batch, which a per-sample forked worker cannot do.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
 from tether.config import RewardConfig
-from tether.rewards.base import NOT_RUN, CallResult, RewardFailure, run_reward_call
+from tether.rewards.base import NOT_RUN, CallResult, RewardFailure, is_batched, run_batched_call, run_reward_call
 from tether.rewards.compose import RewardSpec, build_reward_spec, compute_reward_metrics, compute_reward_result
 from tether.rewards.pool import Job, make_reward_pool
 from tether.types import Outcome, RewardResult
@@ -150,12 +155,18 @@ def run_rewards(
     start = time.perf_counter()
     spec = build_reward_spec(cfg)
     n, k = len(texts), len(spec.components)
-    jobs: list[Job] = [(i, c, texts[i], tasks[i]) for i in range(n) for c in range(k)]
+    batched = [c for c in range(k) if is_batched(spec.components[c].fn)]  # model-based: one call per batch
+    jobs: list[Job] = [(i, c, texts[i], tasks[i]) for i in range(n) for c in range(k) if c not in batched]
     max_failed = compute_max_tolerated(n, cfg.max_error_rate)
     calls = RUNNERS[cfg.isolation](spec, jobs, cfg.timeout_s, max_failed) if jobs else []
     if len(calls) != len(jobs):  # a runner bug must never shift results onto the wrong samples
         raise RuntimeError(f"reward runner {cfg.isolation!r} returned {len(calls)} results for {len(jobs)} calls")
-    by_sample = [calls[i * k : (i + 1) * k] for i in range(n)]
+    by_key = {(i, c): call for (i, c, _, _), call in zip(jobs, calls)}
+    for c in batched:
+        comp = spec.components[c]
+        for i, call in enumerate(run_batched_call(comp.fn, texts, tasks, comp.kwargs, cfg.timeout_s * max(n, 1))):
+            by_key[(i, c)] = call
+    by_sample = [[by_key[(i, c)] for c in range(k)] for i in range(n)]
     results = [compute_reward_result(spec, cs, cfg.on_error) for cs in by_sample]
     metrics = compute_reward_metrics(spec, by_sample, results, time.perf_counter() - start)
     n_failed = sum(any(c.outcome is not Outcome.OK for c in cs) for cs in by_sample)

@@ -19,7 +19,14 @@ take it, go to the goal, open it if closed, put the object there. Its mistake
 (`sft.demo_noise`): going to a wrong receptacle after taking the object, then finishing the
 plan there — the object ends in the wrong place.
 
-Task kwargs: `receptacles` (4), `objects` (3).
+Task kwargs: `receptacles` (4), `objects` (3), `subgoal_reward` (0: outcome only).
+
+Step rewards (AgentPRM-style dense credit, issue 19): with `subgoal_reward = s > 0` the world also
+pays `s` the first time each subgoal of the plan is reached — the goal object picked up, the goal
+receptacle reached while carrying it, the goal receptacle opened when it was closed — so an
+episode's return is (number of subgoals reached) x s + (1 if the object went in the right place).
+The verified outcome (`info["correct"]`) is unchanged. With `env.credit=step`, each reward stays on
+the turn that earned it (GiGPO, REINFORCE++, GAE see when it arrived).
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ def make_household_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[
     source = next(r for r in recs if goal_obj in layout[r])
     goal = rng.choice([r for r in recs if r != source])
     task = {"id": f"household-{i}", "receptacles": recs, "layout": layout, "object": goal_obj, "goal": goal,
-            "answer": f"{goal_obj} {goal}"}
+            "answer": f"{goal_obj} {goal}", "subgoal_reward": float(kw.get("subgoal_reward", 0.0))}
     # the whole first observation is the prompt: held-out problems are unseen rooms, not just unseen goals
     seen = f"The {goal_obj} is {preposition(source)} the {source}."
     return {**task, "prompt": f"{World(task).describe()} {seen} Task: put the {goal_obj} {preposition(goal)} the {goal}."}
@@ -119,6 +126,19 @@ class HouseholdEnv:
     def __init__(self, task: Mapping[str, Any]) -> None:
         self.task = task
         self.world = World(task)
+        self.subgoal_reward = float(task.get("subgoal_reward", 0.0))
+        self.reached: set[str] = set()
+
+    def subgoals(self) -> set[str]:
+        """The subgoals of the plan reached in the current state (take, arrive, open)."""
+        w, t, out = self.world, self.task, set()
+        if w.holding == t["object"]:
+            out.add("take")
+            if w.at == t["goal"]:
+                out.add("arrive")
+        if t["goal"] in CLOSED and w.open[t["goal"]] and "arrive" in self.reached:
+            out.add("open")
+        return out
 
     def reset(self) -> Observation:
         return Observation((Message("system", SYSTEM), Message("user", self.task["prompt"])))
@@ -126,11 +146,15 @@ class HouseholdEnv:
     def step(self, action: Action) -> StepResult:
         lines = [ln for ln in action.text.strip().splitlines() if ln.strip()]
         obs = self.world.apply(lines[0] if lines else "")
+        new = self.subgoals() - self.reached
+        self.reached |= new
+        dense = self.subgoal_reward * len(new)
         placed = self.world.placed
         if placed is not None and placed[0] == self.task["object"]:
             correct = placed[1] == self.task["goal"]
-            return StepResult(Observation((Message("user", obs),)), float(correct), True, {"correct": correct})
-        return StepResult(Observation((Message("user", obs),)), 0.0, False, {"correct": False})
+            return StepResult(Observation((Message("user", obs),)), float(correct) + dense, True,
+                              {"correct": correct, "subgoals": len(self.reached)})
+        return StepResult(Observation((Message("user", obs),)), dense, False, {"correct": False})
 
 
 def replay(task: Mapping[str, Any], history: Sequence[Message]) -> tuple[World, str | None]:

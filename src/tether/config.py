@@ -331,6 +331,17 @@ class SandboxConfig(_Base):
     )
 
 
+class HarnessConfig(_Base):
+    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.envs.harness)."""
+
+    command: list[str] | None = Field(None, description="the agent program and its arguments, run once per episode "
+                                                        "with OPENAI_BASE_URL / OPENAI_API_KEY / TETHER_TASK set")
+    timeout_s: float = Field(300.0, gt=0, description="wall clock of one agent run")
+    concurrency: int = Field(8, ge=1, description="agent programs running at once (their calls are batched)")
+    host: str = Field("127.0.0.1", description="the endpoint's address; any non-loopback address needs `token`")
+    token: str | None = Field(None, description="bearer token every request must carry (required off loopback)")
+
+
 class TetherConfig(_Base):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -348,6 +359,7 @@ class TetherConfig(_Base):
     env: EnvConfig = EnvConfig()
     dist: DistConfig = DistConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    harness: HarnessConfig = HarnessConfig()
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":
@@ -391,6 +403,8 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
         out.append("data.task=jsonl needs data.path=<file.jsonl>")
     if cfg.data.task == "hf" and not cfg.data.path:
         out.append("data.task=hf needs data.path=<file.parquet | dataset directory | hub name>")
+    if cfg.harness.token is None and cfg.harness.host not in ("127.0.0.1", "localhost", "::1"):
+        out.append(f"harness.host={cfg.harness.host!r} is not loopback: set harness.token (requests must carry it)")
     out.extend(find_dist_problems(cfg))
     return out
 

@@ -241,6 +241,10 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
            collect=collect_groups) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
     t_start = time.perf_counter()
+    if cfg.harness.command and collect is collect_groups:  # a black-box agent program (tether.envs.harness)
+        from tether.envs.harness import collect_harness_groups
+
+        collect = collect_harness_groups
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
     seed_run(cfg.run)

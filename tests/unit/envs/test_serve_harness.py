@@ -1,0 +1,172 @@
+"""The OpenAI-compatible rollout endpoint (tether.serve) through the official `openai` client,
+and the black-box agent harness (tether.envs.harness) that trains on what it sampled."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from tether.batching import build_sequences  # noqa: E402
+from tether.config import RewardConfig, SamplingConfig  # noqa: E402
+from tether.envs.harness import HarnessRollout, parse_agent_output  # noqa: E402
+from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.hf import load_policy  # noqa: E402
+from tether.serve import RolloutServer  # noqa: E402
+from tether.types import Outcome  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate arithmetic",
+                                           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+SAMPLING = SamplingConfig(max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    path = build_family_model("qwen2", tmp_path_factory.mktemp("qwen2"), hidden_size=32, intermediate_size=64)
+    return load_policy(path)
+
+
+@pytest.fixture(scope="module")
+def server(policy):
+    with RolloutServer(policy, SAMPLING, seed=0) as s:
+        yield s
+
+
+def test_chat_with_tools_returns_sampled_ids_logprobs_and_version(server, policy):
+    client = openai.OpenAI(base_url=server.episode_url("chat-1"), api_key=server.api_key)
+    r = client.chat.completions.create(model="tether", messages=[{"role": "user", "content": "What is 2+3?"}],
+                                       tools=TOOLS, logprobs=True, max_tokens=6, temperature=1.0)
+    choice = r.choices[0]
+    ids = choice.token_ids
+    assert 1 <= len(ids) <= 6 and r.policy_version == policy.version and r.episode_id == "chat-1"
+    (turn,) = server.pop_episode("chat-1")
+    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(list(turn.action_logprobs))
+    assert list(turn.action_ids) == ids and list(turn.context_ids) == r.prompt_token_ids
+    assert all(lp <= 0 for lp in turn.action_logprobs) and r.usage.completion_tokens == len(ids)
+    rendered = policy.tokenizer.decode(r.prompt_token_ids)
+    assert "<tools>" in rendered and '"calculator"' in rendered  # the tools went through the family template
+
+
+def test_completions_with_logprobs_and_token_prompt(server, policy):
+    client = openai.OpenAI(base_url=server.base_url, api_key=server.api_key)
+    prompt = policy.tokenizer("12+30=", add_special_tokens=False)["input_ids"]
+    r = client.completions.create(model="tether", prompt=prompt, max_tokens=5, logprobs=1,
+                                  extra_body={"episode_id": "cmp-1"})
+    c = r.choices[0]
+    (turn,) = server.pop_episode("cmp-1")
+    assert list(turn.context_ids) == prompt and c.token_ids == list(turn.action_ids)
+    assert c.logprobs.token_logprobs == pytest.approx(list(turn.action_logprobs))
+    assert "".join(c.logprobs.tokens) == policy.tokenizer.decode(c.token_ids)
+    g1 = client.completions.create(model="tether", prompt="12+30=", max_tokens=5, temperature=0)
+    g2 = client.completions.create(model="tether", prompt="12+30=", max_tokens=5, temperature=0)
+    assert g1.choices[0].token_ids == g2.choices[0].token_ids  # temperature 0 is greedy
+
+
+def test_second_turn_splices_the_sampled_ids_verbatim(server):
+    client = openai.OpenAI(base_url=server.episode_url("multi"), api_key=server.api_key)
+    msgs = [{"role": "user", "content": "hello"}]
+    first = client.chat.completions.create(model="tether", messages=msgs, max_tokens=6)
+    msgs += [first.choices[0].message.model_dump(exclude_none=True, exclude={"token_ids"}),
+             {"role": "user", "content": "and again"}]
+    second = client.chat.completions.create(model="tether", messages=msgs, max_tokens=6)
+    a, b = server.pop_episode("multi")
+    assert b.context_ids[: len(a.context_ids) + len(a.action_ids)] == a.context_ids + a.action_ids
+    assert list(b.action_ids) == second.choices[0].token_ids
+    before = server.template_mismatches
+    client.chat.completions.create(model="tether", messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    client.chat.completions.create(model="tether", max_tokens=3, messages=[
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "rewritten by the agent"}])
+    assert server.template_mismatches == before + 1  # an edited assistant turn is rendered as text and counted
+    server.pop_episode("multi")
+
+
+def test_token_is_required_off_loopback_and_enforced(policy):
+    with pytest.raises(ValueError, match="not a loopback address: set a token"):
+        RolloutServer(policy, SAMPLING, host="0.0.0.0")
+    with RolloutServer(policy, SAMPLING, token="s3cret") as s:
+        bad = openai.OpenAI(base_url=s.base_url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.completions.create(model="tether", prompt="1", max_tokens=2)
+        good = openai.OpenAI(base_url=s.base_url, api_key="s3cret")
+        assert good.completions.create(model="tether", prompt="1", max_tokens=2).choices[0].token_ids
+
+
+def test_bad_requests_are_400_not_crashes(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key=server.api_key, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.completions.create(model="tether", prompt="1", max_tokens=2, n=2)
+    with pytest.raises(openai.BadRequestError, match="prompt must be"):
+        client.completions.create(model="tether", prompt=[["a"]], max_tokens=2)
+
+
+AGENT = '''
+import json, os, sys
+from openai import OpenAI
+task = json.loads(os.environ["TETHER_TASK"])
+assert "answer" not in task
+if task.get("crash"):
+    sys.exit(3)
+client = OpenAI()  # OPENAI_BASE_URL / OPENAI_API_KEY from the harness
+msgs = [{"role": "user", "content": task["prompt"]}]
+r = client.chat.completions.create(model="tether", messages=msgs, max_tokens=4)
+msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "sure?"}]
+r = client.chat.completions.create(model="tether", messages=msgs, max_tokens=4)
+print("thinking...")
+print(json.dumps({"answer": r.choices[0].message.content}))
+'''
+
+
+@pytest.mark.slow
+def test_harness_runs_a_black_box_agent_and_trains_on_its_sampled_tokens(policy, tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(AGENT))
+    rollout = HarnessRollout([sys.executable, str(agent)], RewardConfig(isolation="inline"), timeout_s=120,
+                             concurrency=4)
+    problems = [{"id": "p0", "prompt": "1+1=", "answer": "2"}, {"id": "p1", "prompt": "2+2=", "answer": "4", "crash": 1}]
+    groups, m = rollout.run(policy, problems, 2, SAMPLING)
+    ok, crashed = groups
+    for traj in ok.trajectories:
+        assert len(traj.turns) == 2 and traj.reward.outcome is Outcome.OK and traj.stop.value in ("done", "length")
+        (seq,) = build_sequences(traj, 0, 0, True)  # the second call extended the first: one training sequence
+        assert [i for i, k in zip(seq.ids, seq.loss_mask) if k] == [*traj.turns[0].action_ids, *traj.turns[1].action_ids]
+    for traj in crashed.trajectories:
+        assert traj.reward.outcome is Outcome.ERROR and "exited with 3" in traj.reward.error and not traj.turns
+    assert m["harness/error_rate"] == 0.5 and m["harness/calls_mean"] == 1.0
+
+
+def test_agent_output_protocol():
+    assert parse_agent_output('log\n{"reward": 0.5}\n') == (0.5, None)
+    assert parse_agent_output('{"answer": 42}') == (None, "42")
+    assert parse_agent_output("a\nAnswer: 7\n\n") == (None, "Answer: 7")
+    with pytest.raises(ValueError, match="printed nothing"):
+        parse_agent_output("\n")
+
+
+@pytest.mark.slow
+def test_tether_train_with_a_harness_command(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(AGENT))
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"harness:\n  command: [{sys.executable!r}, {str(agent)!r}]\n  concurrency: 4\n")
+    tiny = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64", "logging.progress=false", "logging.tensorboard=false", "run.threads=1",
+            "checkpoint.every=0", "data.task=arith", "data.train_size=16", "data.eval_size=2", "train.steps=2",
+            "eval.samples=1", "rollout.problems_per_step=1", "rollout.n=2", "rollout.sampling.max_new_tokens=4",
+            "eval.sampling.max_new_tokens=4", "reward.isolation=inline"]
+    rd = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", str(cfg), *tiny, "--run-dir", str(rd)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in rows if "pg_loss" in row]
+    assert [row["step"] for row in trained] == [1, 2]
+    assert all(row["harness/calls_mean"] == 2.0 and row["harness/error_rate"] == 0.0 for row in trained)

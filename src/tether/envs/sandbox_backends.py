@@ -154,10 +154,23 @@ def uid_slot(wait_seconds: float = 10.0) -> Iterator[int | None]:
 
 
 def sweep_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` (a daemon that left the process group): kill(-1) from that uid."""
+    """SIGKILL every process of `uid` (a daemon that left the process group): kill(-1) from that uid.
+
+    Only ever for a pool uid: kill(-1) from the trainer's own uid would kill the trainer (and, as
+    root, everything). If the drop to `uid` fails, the child never execs, so nothing is signalled."""
+    if uid not in _pool_uids():
+        raise ValueError(f"refusing to sweep uid {uid}: not a sandbox pool uid")
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            os._exit(1)
+
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([find_python(), "-I", "-S", "-c", "import os; os.kill(-1, 9)"], env={}, timeout=10,
-                       preexec_fn=lambda: (os.setgroups([]), os.setgid(uid), os.setuid(uid)))  # noqa: PLW1509
+                       preexec_fn=drop)  # noqa: PLW1509
 
 
 # --------------------------------------------------------------------------- launching

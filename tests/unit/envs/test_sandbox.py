@@ -108,7 +108,8 @@ def test_every_limit_ends_as_timeout_or_killed_on_every_backend(backend):
     res = run_sandboxed_python(code, SandboxLimits(file_size_mb=4, wall_seconds=30), backend=backend)
     assert res.outcome == "killed" and "File too large" in res.stderr and int(res.stdout) == 4 * 1024 * 1024
     if IS_ROOT or backend == "bwrap":  # NPROC: of the execution's own uid (root trainer) or namespace
-        bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError as exc:\n        raise SystemExit(f'OSError: [Errno {exc.errno}]') from None\n"
+        bomb = ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError as exc:\n"
+                "        raise SystemExit(f'OSError: [Errno {exc.errno}]') from None\n")
         res = run_sandboxed_python(bomb, SandboxLimits(max_processes=8, wall_seconds=30), backend=backend)
         assert res.outcome in ("killed", "timeout") and res.infra_error is None, res
     assert_still_works(backend)

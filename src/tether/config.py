@@ -43,7 +43,9 @@ class ModelConfig(_Base):
     path: str | None = Field(None, description="local Hugging Face causal-LM directory")
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16"] = "float32"
-    autocast_bf16: bool = Field(False, description="bf16 autocast for forward passes on CPU/GPU")
+    autocast_bf16: bool | Literal["auto"] = Field(
+        "auto", description="bf16 autocast for forward passes; auto: on only where the CPU/GPU does bf16 natively "
+                            "(AVX-512-BF16/AMX, Arm BF16, CUDA bf16), fp32 elsewhere (tether.hardware)")
     gradient_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward (transformers' activation "
                            "checkpointing): less memory, ~1 more forward of compute; turns prefix sharing and the "

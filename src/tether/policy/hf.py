@@ -85,7 +85,7 @@ def find_stop_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", autocast_bf16: bool = False) -> HFPolicy:
+def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", autocast_bf16: bool | str = False) -> HFPolicy:
     """Load any local causal-LM directory with `from_pretrained` (offline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,7 +100,11 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", a
     return make_policy(model, tokenizer, device=device, autocast_bf16=autocast_bf16)
 
 
-def make_policy(model, tokenizer, device: str = "cpu", autocast_bf16: bool = False) -> HFPolicy:
+def make_policy(model, tokenizer, device: str = "cpu", autocast_bf16: bool | str = False) -> HFPolicy:
+    """`autocast_bf16`: true, false or "auto" (bf16 only where `device` does it natively: tether.hardware)."""
+    from tether.hardware import resolve_autocast
+
+    autocast_bf16 = resolve_autocast(autocast_bf16, device)
     stop_ids = find_stop_ids(model, tokenizer)
     pad = tokenizer.pad_token_id
     if pad is None:  # common for base models: pad with eos; masks never look at token values

@@ -23,6 +23,7 @@ try:  # transformers' "Writing model shards" bars would flood the logs at every 
     _hf_logging.disable_progress_bar()
 except ImportError:  # pragma: no cover
     pass
+from tether.hardware import choose_precision, precision_record
 from tether.policy.hf import HFPolicy, enable_checkpointing, load_policy, make_policy
 from tether.runtime import retain_freed_memory
 from tether.tasks import demonstration, is_file_task, load_jsonl, make_splits
@@ -99,7 +100,14 @@ def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]
         policy = make_policy(model, tok, m.device, m.autocast_bf16)
     if m.gradient_checkpointing:
         enable_checkpointing(policy.model)
+    print(f"[tether] precision: {'bf16 autocast' if policy.autocast_bf16 else 'fp32'} ("
+          f"{choose_precision(m.autocast_bf16, m.device).reason})", flush=True)
     return policy
+
+
+def precision_summary(cfg: TetherConfig, policy: HFPolicy) -> dict[str, Any]:
+    """summary.json's `precision`: the setting, the precision used and why, the CPU model and flags."""
+    return precision_record(cfg.model.autocast_bf16, cfg.model.device, policy.autocast_bf16)
 
 
 def make_reference(policy: HFPolicy) -> HFPolicy:

@@ -32,7 +32,7 @@ def run_demo(run_dir: str | Path, overrides: list[str] | None = None) -> dict[st
     from tether.recipes.rl import run_rl
     from tether.recipes.sft import run_sft
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cfg = load_config(demo_config_path(), overrides or [])
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
@@ -57,7 +57,9 @@ def run_demo(run_dir: str | Path, overrides: list[str] | None = None) -> dict[st
         "sft_seconds": t_sft,
         "rl_seconds": rl_summary["wall_seconds"],
         "wall_seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,  # all threads of this process: a load-independent figure
         "rl_steps": rl_summary["steps"],
+        "precision": rl_summary.get("precision"),
         "plots": [str(p) for p in plots],
         "sft_run": str(rd.root / "sft"),
         "rl_run": str(rd.root / "rl"),

@@ -57,6 +57,7 @@ def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print) -> dict[str,
         # CPU time of this process: on a shared machine, the wall time it would take on free cores
         "cpu_seconds": time.process_time() - c0,
         "rl_steps": rl["steps"], "sft_run": str(rd.root / "sft"), "rl_run": str(rd.root / "rl"),
+        "precision": rl.get("precision"),
     }
     rd.write_summary(summary)
     log(f"[tether pipeline] held-out pass@1: SFT start {b:.3f} -> after RL {f:.3f} ({100 * (f - b):+.1f} points) "

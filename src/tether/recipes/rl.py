@@ -44,7 +44,8 @@ from tether.optim import build_optimizer, build_scheduler
 from tether.policy import lean_train
 from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing, load_policy
 from tether.recipes.common import (
-    graceful_interrupt, make_reference, progress_bar, reset_reference, seed_run, setup_policy, setup_problems,
+    graceful_interrupt, make_reference, precision_summary, progress_bar, reset_reference, seed_run, setup_policy,
+    setup_problems,
 )
 from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import compute_rollout_stats, run_rollouts
@@ -299,6 +300,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "baseline_greedy_accuracy": first_eval.get("eval/greedy_accuracy"),
         "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy") if last_eval is not first_eval or st.step == 0 else None,
         "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
+        "precision": precision_summary(cfg, policy),
     }
     rd.write_summary(summary)
     return summary

@@ -28,7 +28,9 @@ from tether.io.run_dir import make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, compute_logprobs
-from tether.recipes.common import graceful_interrupt, progress_bar, seed_run, setup_policy, setup_problems
+from tether.recipes.common import (
+    graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
+)
 from tether.rollout import encode_prompt
 from tether.tasks import demonstration, is_file_task
 
@@ -99,7 +101,8 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     policy.tokenizer.save_pretrained(str(final))
     sinks.close()
     summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,
-               "final_model": str(final), "wall_seconds": time.perf_counter() - t_start, "interrupted": bool(stop)}
+               "final_model": str(final), "wall_seconds": time.perf_counter() - t_start, "interrupted": bool(stop),
+               "precision": precision_summary(cfg, policy)}
     rd.write_summary(summary)
     return policy, summary
 

@@ -1,0 +1,117 @@
+"""What the hardware does natively, and the precision tether picks from it (house rule 13).
+
+bf16 autocast pays off only where the matmul units do bf16 natively. Measured on two 2-core
+CPUs of the same cloud machine class (docs/performance.md, machine.md): on an Intel CPU with
+AVX-512-BF16, bf16 autocast training of the 3.2M benchmark model ran ~2.7x faster than fp32;
+on an AMD EPYC with AVX2 only it ran ~13x *slower* (22.6 s vs 1.7 s per step), because oneDNN
+emulates bf16 there with conversions around fp32 arithmetic.
+
+Native bf16:
+- x86 CPU: the `avx512_bf16` or `amx_bf16` flag in /proc/cpuinfo;
+- aarch64 CPU: `bf16` in the Features line (Armv8.6 BF16 instructions);
+- CUDA: `torch.cuda.is_bf16_supported()` (Ampere and later).
+
+`model.autocast_bf16: auto` (the default) resolves through `choose_precision`; an explicit
+true/false always wins. The choice and its reason are logged at run start and recorded in
+every run's summary.json (`precision`) and every benchmark result.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# flags worth recording: what decides the precision, and what decides the speed of fp32 kernels
+_X86_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx512_vnni", "avx_vnni")
+_ARM_FLAGS = ("asimd", "sve", "sve2", "bf16", "i8mm")
+_BF16_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16",)}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> dict[str, Any]:
+    """{model, arch, cores, flags}: the CPU's model name and the subset of its feature flags that
+    matter for tether's kernels (from /proc/cpuinfo; elsewhere only the platform's names)."""
+    arch = platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and model in ("unknown", "", arch):
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    wanted = _ARM_FLAGS if arch == "aarch64" else _X86_FLAGS
+    return {"model": model, "arch": arch, "cores": os.cpu_count(), "flags": sorted(f for f in wanted if f in flags)}
+
+
+def cpu_native_bf16(info: dict[str, Any] | None = None) -> bool:
+    """Whether the CPU has bf16 matmul instructions (see the module doc)."""
+    info = info or cpu_info()
+    return any(f in info["flags"] for f in _BF16_FLAGS.get(info["arch"], ()))
+
+
+def cpu_class(info: dict[str, Any] | None = None) -> str:
+    """A coarse CPU class for comparing benchmark baselines: native-bf16, avx512, avx2, other."""
+    info = info or cpu_info()
+    if cpu_native_bf16(info):
+        return "native-bf16"
+    if "avx512f" in info["flags"]:
+        return "avx512"
+    return "avx2" if "avx2" in info["flags"] else "other"
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    autocast_bf16: bool
+    reason: str
+
+
+def choose_precision(setting: bool | str, device: str = "cpu") -> PrecisionChoice:
+    """Resolve `model.autocast_bf16` (true | false | "auto") for `device`: an explicit setting wins;
+    `auto` picks bf16 autocast only where the device does bf16 natively, fp32 otherwise."""
+    if isinstance(setting, bool):
+        return PrecisionChoice(setting, f"model.autocast_bf16={str(setting).lower()} (set explicitly)")
+    if setting != "auto":
+        raise ValueError(f"model.autocast_bf16: expected true, false or auto, got {setting!r}")
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        name = torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else "no CUDA device"
+        why = f"{name} {'supports' if native else 'does not support'} bf16 natively"
+    elif kind == "cpu":
+        info = cpu_info()
+        native = cpu_native_bf16(info)
+        bf = [f for f in _BF16_FLAGS.get(info["arch"], ()) if f in info["flags"]]
+        why = (f"CPU {info['model']} has native bf16 ({', '.join(bf)})" if native else
+               f"CPU {info['model']} has no native bf16 (no {' / '.join(_BF16_FLAGS.get(info['arch'], ('bf16',)))}): "
+               "bf16 would be emulated, slower than fp32")
+    else:
+        native, why = False, f"device {device}: bf16 support not detected"
+    return PrecisionChoice(native, f"auto: {why} -> {'bf16 autocast' if native else 'fp32'}")
+
+
+def resolve_autocast(setting: bool | str, device: str | Any = "cpu") -> bool:
+    """The boolean that `setting` means on `device` (see choose_precision)."""
+    return choose_precision(setting, str(device)).autocast_bf16
+
+
+def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> dict[str, Any]:
+    """What a run's summary.json and a benchmark result record: the setting, the precision used,
+    why, and the CPU (model, class, flags)."""
+    choice = choose_precision(setting, device)
+    reason = choice.reason if choice.autocast_bf16 == autocast_bf16 else "inherited from the policy passed in"
+    info = cpu_info()
+    return {"setting": setting, "autocast_bf16": bool(autocast_bf16), "precision": "bf16" if autocast_bf16 else "fp32",
+            "reason": reason, "device": device, "cpu": info["model"], "cpu_class": cpu_class(info),
+            "cpu_flags": info["flags"], "cores": info["cores"]}

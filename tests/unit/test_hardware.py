@@ -1,0 +1,88 @@
+"""Hardware-aware precision (tether.hardware): `auto` follows native bf16, an explicit setting wins."""
+
+import json
+
+import pytest
+import torch
+
+from tether import hardware
+from tether.config import load_config
+
+AVX2 = {"model": "AMD EPYC", "arch": "x86_64", "cores": 2, "flags": ["avx2", "fma"]}
+AVX512_BF16 = {"model": "Intel Xeon", "arch": "x86_64", "cores": 2, "flags": ["avx2", "avx512_bf16", "avx512f", "fma"]}
+AMX = {"model": "Intel Xeon (SPR)", "arch": "x86_64", "cores": 2, "flags": ["amx_bf16", "amx_tile", "avx2", "avx512f"]}
+ARM_BF16 = {"model": "Neoverse-V1", "arch": "aarch64", "cores": 2, "flags": ["asimd", "bf16", "sve"]}
+ARM_PLAIN = {"model": "Cortex-A72", "arch": "aarch64", "cores": 2, "flags": ["asimd"]}
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    def use(info):
+        monkeypatch.setattr(hardware, "cpu_info", lambda: info)
+    return use
+
+
+@pytest.mark.parametrize("info,native,cls", [(AVX2, False, "avx2"), (AVX512_BF16, True, "native-bf16"),
+                                             (AMX, True, "native-bf16"), (ARM_BF16, True, "native-bf16"),
+                                             (ARM_PLAIN, False, "other")])
+def test_auto_picks_bf16_only_with_native_bf16(fake_cpu, info, native, cls):
+    fake_cpu(info)
+    choice = hardware.choose_precision("auto", "cpu")
+    assert choice.autocast_bf16 is native
+    assert ("bf16 autocast" if native else "fp32") in choice.reason and info["model"] in choice.reason
+    assert hardware.cpu_class(info) == cls
+
+
+def test_explicit_setting_wins_over_detection(fake_cpu):
+    fake_cpu(AVX2)
+    assert hardware.choose_precision(True, "cpu").autocast_bf16 is True
+    fake_cpu(AVX512_BF16)
+    choice = hardware.choose_precision(False, "cpu")
+    assert choice.autocast_bf16 is False and "explicitly" in choice.reason
+
+
+def test_cuda_asks_torch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "FakeGPU")
+    for supported in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
+        assert hardware.choose_precision("auto", "cuda").autocast_bf16 is supported
+
+
+def test_config_default_is_auto_and_overrides_parse():
+    assert load_config(None, []).model.autocast_bf16 == "auto"
+    assert load_config(None, ["model.autocast_bf16=true"]).model.autocast_bf16 is True
+    assert load_config(None, ["model.autocast_bf16=false"]).model.autocast_bf16 is False
+    with pytest.raises(Exception, match="autocast_bf16"):
+        load_config(None, ["model.autocast_bf16=sometimes"])
+
+
+def _tiny_cfg(extra):
+    return load_config(None, ["data.task=reverse", "data.train_size=16", "data.eval_size=4", "model.tiny.hidden_size=32",
+                              "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=64",
+                              "run.threads=1"] + extra)
+
+
+@pytest.mark.parametrize("info,extra,expected", [(AVX2, [], False), (AVX512_BF16, [], True),
+                                                 (AVX512_BF16, ["model.autocast_bf16=false"], False),
+                                                 (AVX2, ["model.autocast_bf16=true"], True)])
+def test_setup_policy_resolves_logs_and_records(fake_cpu, tmp_path, capsys, info, extra, expected):
+    from tether.recipes.common import precision_summary, setup_policy, setup_problems
+
+    fake_cpu(info)
+    cfg = _tiny_cfg(extra)
+    train, _ = setup_problems(cfg)
+    policy = setup_policy(cfg, tmp_path, train)
+    assert policy.autocast_bf16 is expected
+    assert f"[tether] precision: {'bf16 autocast' if expected else 'fp32'}" in capsys.readouterr().out
+    rec = precision_summary(cfg, policy)
+    assert rec["precision"] == ("bf16" if expected else "fp32") and rec["cpu"] == info["model"]
+    assert rec["cpu_flags"] == info["flags"] and rec["setting"] == cfg.model.autocast_bf16
+    json.dumps(rec)  # summary.json material
+
+
+def test_real_cpu_info_is_well_formed():
+    info = hardware.cpu_info()
+    assert isinstance(info["model"], str) and info["model"]
+    assert set(info["flags"]) <= set(hardware._X86_FLAGS) | set(hardware._ARM_FLAGS)
+    assert hardware.cpu_class() in ("native-bf16", "avx512", "avx2", "other")

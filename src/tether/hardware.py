@@ -13,7 +13,8 @@ Native bf16:
 
 `model.autocast_bf16: auto` (the default) resolves through `choose_precision`; an explicit
 true/false always wins. The choice and its reason are logged at run start and recorded in
-every run's summary.json (`precision`) and every benchmark result.
+every run's summary.json (`precision`) and every benchmark result. TETHER_NATIVE_BF16=1|0 overrides the
+detection (simulating the other kind of CPU; a VM that hides the flags).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 _X86_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx512_vnni", "avx_vnni")
 _ARM_FLAGS = ("asimd", "sve", "sve2", "bf16", "i8mm")
 _BF16_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16",)}
+FORCE_ENV = "TETHER_NATIVE_BF16"
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,7 +56,11 @@ def cpu_info() -> dict[str, Any]:
 
 
 def cpu_native_bf16(info: dict[str, Any] | None = None) -> bool:
-    """Whether the CPU has bf16 matmul instructions (see the module doc)."""
+    """Whether the CPU has bf16 matmul instructions (see the module doc). TETHER_NATIVE_BF16=1 or 0
+    overrides the detection (to simulate the other kind of CPU, or where a VM hides the flags)."""
+    forced = os.environ.get(FORCE_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
     info = info or cpu_info()
     return any(f in info["flags"] for f in _BF16_FLAGS.get(info["arch"], ()))
 
@@ -92,10 +98,12 @@ def choose_precision(setting: bool | str, device: str = "cpu") -> PrecisionChoic
     elif kind == "cpu":
         info = cpu_info()
         native = cpu_native_bf16(info)
-        bf = [f for f in _BF16_FLAGS.get(info["arch"], ()) if f in info["flags"]]
-        why = (f"CPU {info['model']} has native bf16 ({', '.join(bf)})" if native else
-               f"CPU {info['model']} has no native bf16 (no {' / '.join(_BF16_FLAGS.get(info['arch'], ('bf16',)))}): "
-               "bf16 would be emulated, slower than fp32")
+        forced = os.environ.get(FORCE_ENV, "").strip()
+        evidence = (f"{FORCE_ENV}={forced}" if forced in ("0", "1") else
+                    ", ".join(f for f in _BF16_FLAGS.get(info["arch"], ()) if f in info["flags"]) if native else
+                    f"no {' / '.join(_BF16_FLAGS.get(info['arch'], ('bf16',)))}")
+        why = (f"CPU {info['model']} has native bf16 ({evidence})" if native else
+               f"CPU {info['model']} has no native bf16 ({evidence}): bf16 would be emulated, slower than fp32")
     else:
         native, why = False, f"device {device}: bf16 support not detected"
     return PrecisionChoice(native, f"auto: {why} -> {'bf16 autocast' if native else 'fp32'}")

@@ -17,6 +17,8 @@ ARM_PLAIN = {"model": "Cortex-A72", "arch": "aarch64", "cores": 2, "flags": ["as
 
 @pytest.fixture
 def fake_cpu(monkeypatch):
+    monkeypatch.delenv("TETHER_NATIVE_BF16", raising=False)
+
     def use(info):
         monkeypatch.setattr(hardware, "cpu_info", lambda: info)
     return use
@@ -31,6 +33,16 @@ def test_auto_picks_bf16_only_with_native_bf16(fake_cpu, info, native, cls):
     assert choice.autocast_bf16 is native
     assert ("bf16 autocast" if native else "fp32") in choice.reason and info["model"] in choice.reason
     assert hardware.cpu_class(info) == cls
+
+
+@pytest.mark.parametrize("forced,expected", [("1", True), ("0", False)])
+def test_env_override_simulates_the_other_cpu(fake_cpu, monkeypatch, forced, expected):
+    fake_cpu(AVX512_BF16 if forced == "0" else AVX2)
+    monkeypatch.setenv("TETHER_NATIVE_BF16", forced)
+    choice = hardware.choose_precision("auto", "cpu")
+    assert choice.autocast_bf16 is expected and "TETHER_NATIVE_BF16" in choice.reason
+    monkeypatch.setenv("TETHER_NATIVE_BF16", "")
+    assert hardware.choose_precision("auto", "cpu").autocast_bf16 is not expected
 
 
 def test_explicit_setting_wins_over_detection(fake_cpu):

@@ -48,7 +48,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def faultbench(
         out: Path = typer.Option(Path("runs/faultbench"), "--out", help="output directory (cases.jsonl, results.json)"),
-        fault: Optional[List[str]] = typer.Option(None, "--fault", help="fault types to run (default: all)"),
+        fault: Optional[List[str]] = typer.Option(
+            None, "--fault", help="fault types to run (default: all): a name, package.module:Class or path/file.py:Class"),
+        mode: Optional[List[str]] = typer.Option(None, "--mode", help="advise and/or auto (default: both)"),
+        auto_remediable_only: bool = typer.Option(
+            False, "--auto-remediable-only", help="auto mode only for remediable faults and the healthy controls"),
+        healthy_only: bool = typer.Option(False, "--healthy-only", help="run the healthy controls only"),
+        variant: Optional[List[str]] = typer.Option(
+            None, "--variant", help="repeat the healthy controls under NAME=key=value[;key=value] (e.g. threads=run.threads=2)"),
         severity: Optional[List[str]] = typer.Option(None, "--severity", help="subtle and/or obvious (default: both)"),
         seeds: str = typer.Option("0,1", help="seeds of the faulty runs, e.g. 0,1 or 0-2"),
         healthy_seeds: str = typer.Option("0-9", help="seeds of the healthy control runs"),
@@ -60,7 +67,7 @@ def register(app: typer.Typer) -> None:
         extra: Optional[List[str]] = typer.Option(None, "--set", help="config overrides of the base run (key=value)"),
     ) -> None:
         """Inject faults into small RL runs and score detection, diagnosis and repair."""
-        from tether.health.bench import format_results, run_bench
+        from tether.recipes.faultbench import format_results, run_bench
         from tether.health.faults import load_fault_plugins
 
         registry = load_fault_plugins()
@@ -73,10 +80,26 @@ def register(app: typer.Typer) -> None:
         if unknown:
             typer.echo(f"tether: error: unknown fault(s) {unknown}; see `tether faultbench --list`", err=True)
             raise typer.Exit(2)
-        kw = dict(faults=fault or None, severities=tuple(severity or ("subtle", "obvious")), seeds=_seeds(seeds),
-                  healthy_seeds=_seeds(healthy_seeds), steps=steps, start=start)
+        variants = {}
+        for v in variant or []:
+            name, _, ov = v.partition("=")
+            if not name or "=" not in ov:
+                typer.echo(f"tether: error: --variant {v!r}: expected NAME=key=value[;key=value]", err=True)
+                raise typer.Exit(2)
+            variants[name] = [x.strip() for x in ov.split(";") if x.strip()]
+        kw = dict(faults=[] if healthy_only else (fault or None), severities=tuple(severity or ("subtle", "obvious")),
+                  seeds=_seeds(seeds), healthy_seeds=_seeds(healthy_seeds), steps=steps, start=start, variants=variants,
+                  modes=tuple(mode or ("advise", "auto")), auto_remediable_only=auto_remediable_only)
         if smoke:
             kw.update(SMOKE)
+        try:
+            from tether.health.faults import get_fault_class
+
+            for f in kw["faults"] or []:
+                get_fault_class(f)  # imports user modules; a bad spec is a one-line error
+        except (ValueError, ImportError, SyntaxError) as err:
+            typer.echo(f"tether: error: --fault: {err}", err=True)
+            raise typer.Exit(2)
         res = run_bench(out, workers=workers, extra=list(extra or []), progress=typer.echo, **kw)
         typer.echo("")
         typer.echo(format_results(res))

@@ -1,12 +1,12 @@
-"""Training health: telemetry, detectors, diagnosis, remediation and the fault-injection bench.
+"""Training health: telemetry, detectors, diagnosis, remediation and fault injection.
 
     st.faults = build_faults(cfg.health.inject, st, cfg)   # seams; NO_FAULTS when none injected
     st.health = build_health(cfg, run_dir, st)             # the monitor: observe() after each step
 
 Modules: `telemetry` (signals + history), `detectors` (one documented rule each), `diagnosis`
 (ranked root causes), `remediation` (rollback + safe changes), `monitor` (the online loop and the
-watchdog), `doctor` (offline analysis of a run directory), `faults/` (injector plugins), `bench`
-(`tether faultbench`). Docs: docs/health/<failure-mode>.md.
+watchdog), `doctor` (offline analysis of a run directory), `faults/` (injector plugins). The benchmark
+that scores them, `tether faultbench`, is a recipe: `tether.recipes.faultbench`. Docs: docs/health/.
 
 This package is imported by `tether.config` (for `HealthConfig`), so names are loaded lazily.
 """
@@ -21,6 +21,7 @@ _LAZY = {
     "HealthMonitor": "tether.health.monitor",
     "compute_advantage_alignment": "tether.health.telemetry",
     "compute_trajectory_stats": "tether.health.telemetry",
+    "compute_weights_fingerprint": "tether.health.telemetry",
     "build_faults": "tether.health.faults",
     "NO_FAULTS": "tether.health.faults",
 }

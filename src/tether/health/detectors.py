@@ -47,6 +47,10 @@ class RunContext:
     correctness: str | None = None  # the correctness reward component
     reward_weights: dict[str, float] = field(default_factory=dict)
     max_staleness: int = 0
+    rollout_n: int = 0  # samples per group (0: unknown)
+    advantage: str = ""  # the advantage estimator's registry name
+    distinct_tasks: bool = True  # the dataset holds >= 2 steps of problems: no task twice in one step
+    sequences_filtered: bool = False  # compact filtering masks or zeroes sequences after the advantage
 
 
 Signal = tuple[int, str, dict[str, Any]]  # (level 0/1/2, message, evidence)

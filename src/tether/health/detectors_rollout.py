@@ -183,13 +183,19 @@ class DataDetector(Detector):
 
 @register_detector
 class StaleWeightsDetector(Detector):
-    """Rollouts sampled by a policy older than the allowed staleness, or a policy version that
-    stops advancing: the rollout engine is not receiving the trainer's weights."""
+    """Rollouts sampled by a policy older than the allowed staleness, a policy version that
+    stops advancing, or (`checksum`) weights that are not the trainer's at the version the rollout
+    reports (the monitor keeps a fingerprint of the trainer's weights per version): the rollout
+    engine is not receiving the trainer's weights."""
 
     name, mode, needs_baseline = "stale_weights", "stale_weights", False
     persist = 1
 
     def evaluate(self, h, ctx):
+        if finite(h.latest("health/weights_mismatch")) == 1.0:
+            r = finite(h.latest("health/rollout_version_min"))
+            return 2, f"the rollout reports policy version {r:.0f} but its weights are not the trainer's at that version", {
+                "health/weights_mismatch": {"value": 1.0}, "rule": "checksum"}
         v, r = finite(h.latest("policy_version")), finite(h.latest("health/rollout_version_min"))
         if v is not None and r is not None:
             lag = (v - 1) - r  # the trainer's version when it sampled was v - 1 (one update per step)
@@ -280,7 +286,8 @@ class RegressionDetector(Detector):
         if base is None or x is None:
             return OK
         sd = base.std if math.isfinite(base.std) else base.scale
-        if x < base.mean - max(self.p["drop"], self.p["z"] * sd):
-            level = 2 if x < base.mean - 2 * max(self.p["drop"], self.p["z"] * sd) else 1
+        drop = min(self.p["drop"], 0.5 * base.mean)  # a near-zero baseline cannot lose 0.1: half of it counts
+        if x < base.mean - max(drop, self.p["z"] * sd):
+            level = 2 if x < base.mean - 2 * max(drop, self.p["z"] * sd) else 1
             return level, f"{key} {x:.3g} vs baseline {base.mean:.3g}", {key: _ev(x, base)}
         return OK

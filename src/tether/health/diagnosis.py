@@ -6,7 +6,10 @@ signatures present, where the earliest-firing signatures count 1.5x (a root caus
 its consequences - a falling accuracy, a grad spike - follow; one step later counts 1.2x). Ranked by score; `confidence` is the
 score's share of all scores. The fingerprints encode how each failure shows in telemetry
 (algorithms.md Part B, pitfalls.md #3-#8, #12, #16, #17); faultbench measures how often the top
-hypothesis is the injected cause.
+hypothesis is the injected cause. When no fingerprint explains the findings, or the two best
+explain them about equally (top confidence < 0.3 and a second within 80% of its score), the first
+hypothesis is `unknown` with the evidence: auto mode then never acts on a guess (it halts once
+accuracy regresses).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ class Cause:
 
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
-    Cause("lr_too_high", "optimisation", "learning rate (update size) too high",
-          {"grad_spike": 3, "kl_explosion": 4, "clip_saturation": 2, "entropy_explosion": 1,
-           "nonfinite": 1, "regression": 0.5, "length": 0.3},
-          ("lower_lr", "lower_lr_x10", "raise_kl"), "lower train.lr (or raise warm-up), add a KL anchor"),
+    Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
+          {"grad_spike": 3, "kl_explosion": 4, "update_size": 4, "clip_saturation": 2, "entropy_explosion": 1,
+           "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3},
+          ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
+          "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor"),
     Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
           {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
           "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
@@ -45,27 +49,42 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3},
           ("downweight_component", "raise_kl"), "fix the loophole in the verifier / shaping term; down-weight it"),
     Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
-          {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5},
+          {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
+           "reward_linkage": -5},
           (), "check the verifier / judge on labelled samples; increase n or use a stricter verifier"),
+    Cause("misaligned_reward", "reward", "the reward scores the wrong thing (inverted, or attached to the wrong samples)",
+          {"reward_linkage": 2, "reward_linkage:linkage": 6, "reward_linkage:inverted": 6, "reward_noise": 0.5,
+           "regression": 0.3, "accuracy_drop": 0.3}, ("halt",),
+          "check the reward's sign and that each reward record is indexed by the sample it scores"),
     Cause("reward_failures", "reward", "reward function failing (errors, time-outs, invalid values)",
           {"error_surge": 4, "stall": 0.5}, (),
           "see reward/error_rate and samples' error fields; fix the reward service"),
     Cause("advantage_bug", "credit_assignment", "advantage sign / estimator bug",
-          {"advantage_misalignment": 4, "regression": 0.5}, ("halt",),
+          {"advantage_misalignment": 4, "advantage_invariants": 4, "regression": 0.5, "accuracy_drop": 0.3}, ("halt",),
           "check the advantage estimator: advantages must rise with reward inside a group"),
     Cause("grouping_bug", "credit_assignment", "samples grouped with the wrong prompt",
-          {"group_integrity": 5}, ("halt",), "samples of one prompt must share one group id (uid)"),
+          {"group_integrity": 5, "group_structure:size": 6, "advantage_invariants": 0.5}, ("halt",),
+          "samples of one prompt must share one group id (uid), and a group holds rollout.n samples"),
+    Cause("loss_mask_bug", "credit_assignment", "the loss mask does not cover exactly the sampled tokens",
+          {"loss_mask": 5, "length": 0.5, "truncation": 0.5}, ("halt",),
+          "build the mask from lengths and stop reasons (never token values: pad may equal eos)"),
     Cause("data_corruption", "data", "corrupted data (wrong labels, damaged prompts)",
           # a regression that no optimisation, reward or credit signal explains points at the data
-          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 1.5, "no_signal": 0.3}, ("halt",),
+          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 1.5, "accuracy_drop": 1, "no_signal": 0.3},
+          ("halt",),
           "inspect samples/step_*.jsonl.gz: prompts and gold answers"),
     Cause("data_repetition", "data", "the data loader repeats the same problems",
           {"data_shift:repeat": 4}, ("halt",), "check the loader's epoch/shuffle state"),
+    Cause("duplicate_problems", "data", "the loader hands out the same problem several times in one step",
+          {"group_structure:duplicate": 5, "data_shift:repeat": 0.5}, ("halt",),
+          "check the sampler / sharding: each rank must read a distinct shard of every batch"),
     Cause("stale_weights", "system", "rollout engine runs stale weights (weight sync not delivered)",
-          {"stale_weights": 5, "logp_gap": 1, "logp_gap:sawtooth": 4}, ("halt",),
+          {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
+          ("halt",),
           "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync"),
     Cause("rollout_mismatch", "system", "rollout sampling settings or numerics differ from the trainer's",
-          {"logp_gap": 3, "logp_gap:sawtooth": -2, "entropy_collapse": 0.3}, ("enable_is_correction",),
+          {"logp_gap": 3, "logp_floor": 3, "logp_gap:sawtooth": -2, "stale_weights": -3, "entropy_collapse": 0.3},
+          ("enable_is_correction",),
           "align temperature/top-p/top-k and precision between engine and trainer; keep TIS/MIS on"),
     Cause("slow_component", "system", "a slow reward, environment or sync stalls the steps",
           {"stall": 4}, (), "see time/* per phase; scale the reward service or raise its concurrency"),
@@ -138,4 +157,22 @@ def diagnose(findings: Iterable[Finding]) -> list[Hypothesis]:
             scored.append((score, cause, since, list(ev.values())))
     total = sum(s for s, *_ in scored)
     scored.sort(key=lambda x: (-x[0], x[2]))
-    return [Hypothesis(c.name, c.family, c.title, s, s / total, since, ev, c.actions, c.advice) for s, c, since, ev in scored]
+    hyps = [Hypothesis(c.name, c.family, c.title, s, s / total, since, ev, c.actions, c.advice) for s, c, since, ev in scored]
+    if not hyps or (len(hyps) > 1 and hyps[0].confidence < UNKNOWN_CONFIDENCE and hyps[1].score > 0.8 * hyps[0].score):
+        return [unknown_hypothesis(latest, first_since, earliest)] + hyps
+    return hyps
+
+
+UNKNOWN_CONFIDENCE = 0.3  # below this, with a close second, no cause is named
+
+
+def unknown_hypothesis(latest: dict[str, Finding], first_since: dict[str, int], earliest: int) -> Hypothesis:
+    """"Unknown - here is the evidence": no fingerprint explains the findings, or two explain them
+    about equally; a confident wrong label would send the user (and auto mode) the wrong way."""
+    ev = {}
+    for key, f in latest.items():
+        ev.setdefault(f.detector, {"detector": f.detector, "since": first_since[key], "severity": f.severity,
+                                   "message": f.message})
+    return Hypothesis("unknown", "unknown", "unknown cause: no fingerprint explains the findings clearly", 0.0, 0.0,
+                      earliest, list(ev.values()), ("halt",),
+                      "inspect the evidence below and samples/step_*.jsonl.gz; `tether doctor` shows every finding")

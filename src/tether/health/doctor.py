@@ -7,6 +7,7 @@ recorded in `health.jsonl` (findings, diagnoses, repairs, halts, hangs) are show
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -49,8 +50,8 @@ def _contexts(cfg: Any, run: Path | None) -> dict[int, RunContext]:
     out = {0: build_context(cfg)}
     for e in _events(run) if run is not None else []:
         if e.get("kind") == "context":
-            out[int(e["step"])] = RunContext(e.get("correctness"), dict(e.get("reward_weights") or {}),
-                                             int(e.get("max_staleness", 0)))
+            known = {f.name for f in dataclasses.fields(RunContext)}
+            out[int(e["step"])] = RunContext(**{k: v for k, v in e.items() if k in known})
     return out
 
 

@@ -13,8 +13,10 @@ failing monitor is logged and skipped. A watchdog thread names the phase a hung 
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
+import math
 import os
 import sys
 import threading
@@ -22,16 +24,18 @@ import time
 import traceback
 from typing import Any
 
-from tether.health import detectors_rollout  # noqa: F401  (registers the rollout-side detectors)
+from tether.health import detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import ACTIONS, Snapshot, do_rollback, take_snapshot
-from tether.health.telemetry import History, compute_trajectory_stats, finite
+from tether.health.telemetry import History, compute_trajectory_stats, compute_weights_fingerprint, finite
 
 log = logging.getLogger("tether.health")
 # findings that mean the weights themselves are damaged: a repair then starts from a rollback
 DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
-          "length", "reward_hacking", "nonfinite", "advantage_misalignment"}
+          "length", "reward_hacking", "nonfinite", "advantage_misalignment", "advantage_invariants", "accuracy_drop",
+          "loss_mask", "reward_linkage", "update_size"}
+KL_REFERENCE = 0.01  # per-update KL of a healthy PPO step (OpenAI baselines' target_kl 0.01-0.015): without a baseline
 
 
 def build_detectors(hc: Any) -> dict[str, Detector]:
@@ -49,9 +53,11 @@ def build_detectors(hc: Any) -> dict[str, Detector]:
 
 
 def build_context(cfg: Any) -> RunContext:
-    comps = cfg.reward.components
+    comps, r = cfg.reward.components, cfg.rollout
     return RunContext(cfg.reward.correctness or (comps[0].name if comps else None),
-                      {c.name: float(c.weight) for c in comps}, cfg.health.max_staleness)
+                      {c.name: float(c.weight) for c in comps}, cfg.health.max_staleness, rollout_n=int(r.n),
+                      advantage=cfg.algo.advantage.name, distinct_tasks=cfg.data.train_size >= 2 * r.problems_per_step,
+                      sequences_filtered=any(v != "keep" for v in cfg.algo.compact_filter.values()))
 
 
 class NullMonitor:
@@ -86,6 +92,7 @@ class HealthMonitor:
         self.halted: str | None = None
         self.overhead_s = 0.0
         self._prev_tasks: list[str] = []
+        self.weight_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's weights
         self._ctx: RunContext | None = None
         self._unactionable: set[str] = set()
         self._tried = 0
@@ -114,17 +121,33 @@ class HealthMonitor:
         step = int(st.step)
         metrics.update(compute_trajectory_stats(groups, self._prev_tasks))
         self._prev_tasks = [g.task_id for g in groups]
+        metrics["health/weights_mismatch"] = self._check_weights(metrics)
         ctx = build_context(cfg)
         if ctx != self._ctx:  # recorded so that `tether doctor` replays with the same reward weights
             self._ctx = ctx
-            self._write({"kind": "context", "step": step, "correctness": ctx.correctness,
-                         "reward_weights": ctx.reward_weights, "max_staleness": ctx.max_staleness})
+            self._write({"kind": "context", "step": step, **dataclasses.asdict(ctx)})
         findings = self.run_detectors(step, metrics, ctx)
         metrics["health/alarms"] = float(len(findings))
         metrics["health/critical"] = float(sum(f.severity == "critical" for f in findings))
-        if self.mode != "auto":
-            return False
-        return self._remediate(st, cfg, step, findings)
+        halt = self.mode == "auto" and self._remediate(st, cfg, step, findings)
+        self._record_weights(st)  # after any rollback: the weights the next rollout must run
+        return halt
+
+    def _check_weights(self, metrics: dict) -> float:
+        """1.0 when the rollout's weights differ from the trainer's at the version the rollout
+        reports (a sync that silently failed while the version advanced), 0.0 when they match,
+        NaN when either is unknown (no fingerprint, first step, resumed run)."""
+        fp, v = finite(metrics.get("rollout/weights_fp")), finite(metrics.get("health/rollout_version_min"))
+        ref = self.weight_fps.get(int(v)) if v is not None else None
+        if fp is None or ref is None:
+            return float("nan")
+        return 0.0 if abs(fp - ref) <= 1e-9 * max(1.0, abs(ref)) else 1.0
+
+    def _record_weights(self, st: Any) -> None:
+        fp = compute_weights_fingerprint(getattr(getattr(st, "policy", None), "model", None))
+        if math.isfinite(fp):
+            self.weight_fps = {**{k: x for k, x in self.weight_fps.items() if k > st.policy.version - 8},
+                               int(st.policy.version): fp}
 
     def run_detectors(self, step: int, row: dict, ctx: RunContext) -> list[Finding]:
         """Add `row` to the history, run every enabled detector, report and diagnose."""
@@ -196,7 +219,10 @@ class HealthMonitor:
         return self._start_trial(st, cfg, step, since, candidates, top, critical)
 
     def _regressed(self, step: int) -> bool:
-        return any(f.detector == "regression" for f in self.findings if f.step > step - 10)
+        """The fault costs accuracy, or critical signs of damage to the weights keep coming."""
+        recent = [f for f in self.findings if f.step > step - 10]
+        return any(f.detector in ("regression", "accuracy_drop") for f in recent) or any(
+            f.detector in DAMAGE and f.severity == "critical" for f in recent if f.step >= step - 1)
 
     def _give_up(self, st, step: int, hyp: Hypothesis, snap: Snapshot | None, why: str) -> bool:
         """No (further) repair: halt at the last healthy weights if the fault costs accuracy, else
@@ -219,7 +245,7 @@ class HealthMonitor:
         # snapshot from the step just before `since` may already hold damage); else undo point = now
         snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None) if damaged else None
         rollback = snap is not None
-        evidence: dict[str, Any] = {}
+        evidence: dict[str, Any] = {"update_ratio": self._update_ratio(since)}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
         while candidates:
@@ -253,6 +279,25 @@ class HealthMonitor:
             return False
         return self._give_up(st, step, hyp, snap, "no applicable repair left")
 
+    def _probe_drop(self, since: int, start: int, tol: float = 0.15) -> str | None:
+        """The held-out probe (eval/pass@1) evaluated during the trial fell more than `tol` below
+        its last value before the fault (None: no probe on both sides, or no drop)."""
+        ev = [(r["step"], v) for r in self.history.rows if (v := finite(r.get("eval/pass@1"))) is not None]
+        before = [v for s, v in ev if s < since]
+        during = [v for s, v in ev if s > start]
+        if before and during and during[-1] < before[-1] - tol:
+            return f"held-out pass@1 {during[-1]:.3g} below pre-fault {before[-1]:.3g}"
+        return None
+
+    def _update_ratio(self, since: int) -> float | None:
+        """How far the update size is out of range: the largest per-update KL since the fault's
+        onset over the baseline's (or over KL_REFERENCE when there is no baseline)."""
+        kl = [v for r in self.history.rows if r["step"] >= since and (v := finite(r.get("approx_kl"))) is not None]
+        if not kl:
+            return None
+        base = self.history.baseline("approx_kl", abs_floor=1e-4)
+        return max(kl) / (base.median if base is not None else KL_REFERENCE)
+
     def _window_before(self, since: int) -> list[float]:
         key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
         rows = [r for r in self.history.rows if r["step"] < since and r["step"] not in self.history.discarded]
@@ -276,6 +321,8 @@ class HealthMonitor:
             var = sum((x - pre_mean) ** 2 for x in pre) / (len(pre) - 1)
             tol = max(tol, 2 * (var / len(pre) + var / len(now)) ** 0.5)
         worse = pre_mean is not None and now_mean is not None and now_mean < pre_mean - tol
+        probe = self._probe_drop(t["since"], t["start"])
+        worse = worse or probe is not None
         self.trial = None
         if not bad and not worse and not unsafe:
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean)
@@ -284,7 +331,7 @@ class HealthMonitor:
             do_rollback(st, t["snap"])
         for c in reversed(t["changes"]):
             c.undo()
-        why = unsafe or (f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else
+        why = unsafe or (f"{len(bad)} critical finding(s) of {sorted({f.detector for f in bad})}" if bad else probe or
                          f"{key} {now_mean:.3g} below pre-fault {pre_mean:.3g}")
         self._act("revert", step, t["action"], t["hyp"], t["changes"], t["snap"], reason=why,
                   discarded_from=t["start"] if t["snap"] is not None else None)

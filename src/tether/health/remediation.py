@@ -117,10 +117,32 @@ class Action:
     guard: Callable[[list[dict]], str | None] = lambda rows: None  # trial rows -> why the change is unsafe
 
 
-def _lower_lr(factor: float):
+def _lower_lr(factor: float, scaled: bool = False):
+    """A fixed factor, or (`scaled`) one sized by the evidence: the per-update KL grows with the
+    square of the step size, so an update `update_ratio` x its healthy KL needs the LR scaled by
+    1/sqrt(update_ratio) (at most `factor`, at least 0.02x)."""
     def apply(st, cfg, ev):
-        return [_set_lr(st, factor)]
+        f = factor
+        ratio = ev.get("update_ratio")
+        if scaled and isinstance(ratio, (int, float)) and ratio > 1:
+            f = min(factor, max(0.02, 1.0 / ratio ** 0.5))
+        return [_set_lr(st, f)]
     return apply
+
+
+def _restore_clip(st, cfg, ev):
+    """PPO clipping back to its defaults when it was switched off (a range of 1 or more)."""
+    pl = cfg.algo.policy_loss
+    if pl.clip_low < 0.9 and pl.clip_high < 1.0:
+        return []
+    d = type(pl).model_fields
+    return [_set_cfg(cfg, "algo.policy_loss.clip_low", d["clip_low"].default),
+            _set_cfg(cfg, "algo.policy_loss.clip_high", d["clip_high"].default)]
+
+
+def _lower_epochs(st, cfg, ev):
+    """One pass over each batch: every extra epoch moves the policy further from the one that sampled."""
+    return [_set_cfg(cfg, "algo.epochs", 1)] if cfg.algo.epochs > 1 else []
 
 
 def _drop_entropy_bonus(st, cfg, ev):
@@ -216,7 +238,10 @@ def _guard_masking(rows: list[dict]) -> str | None:
 
 _HARM = ("grad_spike", "kl_explosion", "nonfinite", "regression")
 ACTIONS: dict[str, Action] = {a.name: a for a in (
-    Action("lower_lr", "lower the learning rate 0.3x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3)),
+    Action("lower_lr", "lower the learning rate by the update-size evidence (0.3x or less)",
+           _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3, scaled=True)),
+    Action("restore_clip", "switch PPO clipping back on (default range)", _HARM + ("clip_saturation",), _restore_clip),
+    Action("lower_epochs", "one epoch per batch", _HARM + ("clip_saturation",), _lower_epochs),
     Action("lower_lr_x10", "lower the learning rate 10x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"),
            _lower_lr(0.1)),
     Action("drop_entropy_bonus", "switch the entropy bonus off", _HARM + ("entropy_explosion",), _drop_entropy_bonus),

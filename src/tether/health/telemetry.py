@@ -64,16 +64,28 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
     health/rollout_version_min     oldest policy version that sampled this step's tokens
     health/prompt_len_mean         prompt tokens per problem
     health/task_repeat_frac        tasks of this step that were also in the previous step
+    health/dup_task_frac           groups whose task id already appeared in this step
+    health/group_size_min / _max   samples per group (every group holds rollout.n)
+    health/max_turns               most turns of one trajectory (1: single-turn)
+    health/action_tokens(_ok)      sampled tokens (of samples scored ok): the loss mask covers
+                                   all of them, or (reward.on_error=mask) those of ok samples
+    health/samples                 samples with a verdict (the accuracy's sample size)
+    health/accuracy_se             standard error of the step's accuracy, problems as sampling units
+    health/reward_correct_pairs    (correct, incorrect) pairs behind reward_correct_auc
+    health/reward_corr_own         correlation of each sample's reward with its own verdict
+    health/reward_corr_shift       the same with a neighbour's verdict (best of shifts +-1, +-n):
+                                   high only when rewards are attached to the wrong samples
     """
     trajs = [t for g in groups for t in g.trajectories]
     out: dict[str, float] = {}
-    auc, _ = _reward_correct_auc(groups)
+    auc, pairs = _reward_correct_auc(groups)
     out["health/reward_correct_auc"] = auc
+    out["health/reward_correct_pairs"] = float(pairs)
     for key, verdict in (("health/reward_incorrect_mean", False), ("health/reward_correct_mean", True)):
         xs = [t.reward.total for t in trajs if t.reward.outcome == Outcome.OK and t.reward.correct is verdict]
         out[key] = sum(xs) / len(xs) if xs else float("nan")
     out["health/repetition"] = sum(_repetition(t.response_ids) for t in trajs) / max(len(trajs), 1)
-    distinct, mixed, all_wrong, plens = [], 0, 0, []
+    distinct, mixed, all_wrong, plens, group_acc = [], 0, 0, [], []
     for g in groups:
         if not g.trajectories:
             continue
@@ -82,19 +94,64 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
         mixed += any((t.turns[0].context_ids if t.turns else ()) != ctx for t in g.trajectories)
         verdicts = [t.reward.correct for t in g.trajectories if t.reward.correct is not None]
         all_wrong += bool(verdicts) and not any(verdicts)
+        if verdicts:
+            group_acc.append(sum(map(bool, verdicts)) / len(verdicts))
         plens.append(len(ctx))
     n_groups = max(len(distinct), 1)
     out["health/distinct_frac"] = sum(distinct) / n_groups
     out["health/group_mixed_frac"] = mixed / n_groups
     out["health/all_wrong_groups"] = all_wrong / n_groups
     out["health/prompt_len_mean"] = sum(plens) / n_groups
+    out["health/accuracy_se"] = _cluster_se(group_acc)
     out["health/empty_frac"] = sum(t.num_action_tokens <= 1 and not t.stop.truncated for t in trajs) / max(len(trajs), 1)
     versions = [turn.policy_version for t in trajs for turn in t.turns]
     out["health/rollout_version_min"] = float(min(versions)) if versions else float("nan")
     prev = set(prev_task_ids)
     ids = [g.task_id for g in groups]
     out["health/task_repeat_frac"] = sum(i in prev for i in ids) / max(len(ids), 1) if prev else float("nan")
+    out["health/dup_task_frac"] = (len(ids) - len(set(ids))) / max(len(ids), 1)
+    sizes = [len(g.trajectories) for g in groups] or [math.nan]
+    out["health/group_size_min"], out["health/group_size_max"] = float(min(sizes)), float(max(sizes))
+    out["health/max_turns"] = float(max((len(t.turns) for t in trajs), default=0))
+    out["health/action_tokens"] = float(sum(t.num_action_tokens for t in trajs))
+    out["health/action_tokens_ok"] = float(sum(t.num_action_tokens for t in trajs if t.reward.outcome == Outcome.OK))
+    out.update(_reward_linkage(trajs, len(groups[0].trajectories) if groups else 1))
     return out
+
+
+def _cluster_se(acc_G: Sequence[float]) -> float:
+    """Standard error of a step's accuracy with problems as the sampling units (samples of one
+    problem are correlated, so the binomial SE over samples would be too small)."""
+    G = len(acc_G)
+    if G < 2:
+        return float("nan")
+    m = sum(acc_G) / G
+    return math.sqrt(sum((a - m) ** 2 for a in acc_G) / (G - 1) / G)
+
+
+def _corr(xs: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(xs)
+    if n < 3:
+        return float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 1e-12 and syy > 1e-12 else float("nan")
+
+
+def _reward_linkage(trajs: Sequence[Any], n: int) -> dict[str, float]:
+    """Does each reward belong to its own sample? Correlation of reward with the sample's verdict
+    vs with a neighbour's (shifts +-1, +-n in rollout order): a reward record attached to the
+    wrong sample (an off-by-one in the reward's index, verl PR#6310) tracks the neighbour."""
+    ok = [t for t in trajs if t.reward.outcome == Outcome.OK and t.reward.correct is not None]
+    r = [float(t.reward.total) for t in ok]
+    c = [1.0 if t.reward.correct else 0.0 for t in ok]
+    own = _corr(r, c)
+    shifted = [_corr(r[k:], c[:-k]) for k in {1, n} if 0 < k < len(r) - 2]
+    shifted += [_corr(r[:-k], c[k:]) for k in {1, n} if 0 < k < len(r) - 2]
+    shifted = [x for x in shifted if math.isfinite(x)]
+    return {"health/samples": float(len(ok)), "health/reward_corr_own": own,
+            "health/reward_corr_shift": max(shifted) if shifted else float("nan")}
 
 
 def compute_advantage_alignment(adv_BT: torch.Tensor, scores_B: torch.Tensor, mask_BT: torch.Tensor, group_B: torch.Tensor) -> dict[str, float]:
@@ -116,9 +173,50 @@ def compute_advantage_alignment(adv_BT: torch.Tensor, scores_B: torch.Tensor, ma
         sums = torch.zeros(G).index_add_(0, g, s)
         cnt = torch.zeros(G).index_add_(0, g, torch.ones_like(s))
         c = s - (sums / cnt.clamp(min=1))[g]
+        out = compute_group_advantage_stats(a, s, g)
         a, c = a - a.mean(), c - c.mean()
         den = float(a.norm() * c.norm())
-        return {"advantage/score_corr": float((a * c).sum()) / den if den > 1e-12 else float("nan")}
+        out["advantage/score_corr"] = float((a * c).sum()) / den if den > 1e-12 else float("nan")
+        return out
+
+
+def compute_group_advantage_stats(a_B: torch.Tensor, s_B: torch.Tensor, g_B: torch.Tensor) -> dict[str, float]:
+    """Within-group structure of the per-sequence advantages `a_B` (scores `s_B`, groups `g_B`):
+
+    advantage/group_mean_max   max over groups of |mean advantage| (0 for group-relative estimators)
+    advantage/abs_max          max |advantage| of a sequence
+    advantage/range_ratio_max  max over groups of max|A| / (score range of the group): <= 1 for
+                               mean-centred estimators (Dr. GRPO), n/(n-1) for RLOO
+    advantage/group_n_max      most sequences of one group
+    """
+    G = int(g_B.max()) + 1
+    a, s = a_B.double(), s_B.double()
+    cnt = torch.zeros(G, dtype=torch.float64).index_add_(0, g_B, torch.ones_like(a))
+    mean_G = torch.zeros(G, dtype=torch.float64).index_add_(0, g_B, a) / cnt.clamp(min=1)
+    amax_G = torch.zeros(G, dtype=torch.float64).scatter_reduce_(0, g_B, a.abs(), "amax")
+    smax_G = torch.full((G,), -math.inf, dtype=torch.float64).scatter_reduce_(0, g_B, s, "amax")
+    smin_G = torch.full((G,), math.inf, dtype=torch.float64).scatter_reduce_(0, g_B, s, "amin")
+    present = cnt > 0
+    rng_G = (smax_G - smin_G)[present]
+    ratio = amax_G[present][rng_G > 1e-9] / rng_G[rng_G > 1e-9]
+    return {"advantage/group_mean_max": float(mean_G[present].abs().max()),
+            "advantage/abs_max": float(a.abs().max()),
+            "advantage/range_ratio_max": float(ratio.max()) if ratio.numel() else 0.0,
+            "advantage/group_n_max": float(cnt.max())}
+
+
+def compute_weights_fingerprint(model: Any, per_tensor: int = 4096) -> float:
+    """A cheap identity of a model's weights: a weighted float64 sum over every parameter tensor
+    of a strided sample of at most ~`per_tensor` of its elements. An optimizer step changes every
+    sampled element, so a tensor that missed a sync changes the value; equal weights give the
+    same value bit for bit (the same reductions over the same elements)."""
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    if not params:
+        return float("nan")
+    with torch.no_grad():
+        sums = [p.detach().reshape(-1)[:: max(1, p.numel() // per_tensor)].double().sum() for p in params]
+        w = torch.arange(1, len(sums) + 1, dtype=torch.float64, device=sums[0].device)
+        return float((torch.stack(sums) * (1 + w / len(sums))).sum())
 
 
 # ----------------------------------------------------------------------------- history

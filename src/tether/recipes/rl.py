@@ -35,7 +35,7 @@ from tether.envs.runner import run_env_rollouts
 from tether.envs.training import run_env_eval
 from tether.eval.runner import run_eval
 from tether.groups import apply_reward_shaping, compute_compact_weights, select_informative_groups
-from tether.health import build_faults, build_health, compute_advantage_alignment
+from tether.health import build_faults, build_health, compute_advantage_alignment, compute_weights_fingerprint
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
@@ -119,6 +119,7 @@ def collect_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup
         else:
             groups, m = run_rollouts(st.policy, problems, r.n, r.sampling, cfg.reward, st.generator, r.batch_size,
                                      r.max_prompt_tokens, cfg.data.chat)
+        m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))  # weights that sampled (health: stale sync)
         groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
         if i == 0:
             metrics.update(m)
@@ -166,6 +167,7 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
     adv = st.faults.on_advantages(adv, p.group_B)  # seam: credit assignment
     batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
                        p.group_B, p.traj_B, adv.returns_BT, values)
+    batch = st.faults.on_batch(batch)  # seam: the loss's inputs (loss mask, advantages, rollout log-probs)
     mask = p.loss_mask_BT > 0
     metrics["advantage/mean"] = float(adv.advantages_BT[mask].mean()) if mask.any() else 0.0
     metrics["advantage/abs_mean"] = float(adv.advantages_BT[mask].abs().mean()) if mask.any() else 0.0

@@ -40,8 +40,12 @@ CASES = {
 }
 
 
+SANITY = {"logp_floor", "update_size", "advantage_invariants", "group_structure", "reward_linkage", "accuracy_drop",
+          "loss_mask"}  # absolute checks: from step 1, tested in test_sanity.py
+
+
 def test_every_detector_has_a_case_and_a_docstring():
-    assert set(CASES) == set(DETECTORS)
+    assert set(CASES) | SANITY == set(DETECTORS) and not set(CASES) & SANITY
     for cls in DETECTORS.values():
         assert cls.__doc__ and cls.mode
 

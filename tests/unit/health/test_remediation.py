@@ -72,11 +72,11 @@ def test_lower_lr_repairs_an_lr_fault_and_is_kept():
     assert st.scheduler.base_lrs[0] == pytest.approx(3e-4)
 
 
-def test_failed_repairs_are_reverted_then_training_goes_on_while_accuracy_holds():
+def test_failed_repairs_are_reverted_then_the_run_halts_while_damage_persists():
     st, cfg = _state(), _cfg(max_actions=3)
     mon = HealthMonitor(cfg)
-    halted = _run(mon, st, cfg, 60, lambda st, step: step >= 15)  # nothing fixes it, accuracy intact
-    assert halted is None and mon.halted is None
+    halted = _run(mon, st, cfg, 60, lambda st, step: step >= 15)  # nothing fixes it: grad spikes keep coming
+    assert halted == 29 and "no applicable repair left" in mon.halted
     events = [(a["event"], a["action"]) for a in mon.actions]
     assert events == [("apply", "lower_lr"), ("revert", "lower_lr"), ("apply", "lower_lr_x10"), ("revert", "lower_lr_x10"),
                       ("apply", "raise_kl"), ("revert", "raise_kl")]
@@ -84,20 +84,23 @@ def test_failed_repairs_are_reverted_then_training_goes_on_while_accuracy_holds(
     assert st.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
     assert cfg.algo.kl.coef == 0.0 and st.ref is None and st.update.kl_coef == 0.0
     assert cfg.algo.policy_loss.clip_low == 0.2
-    assert "lr_too_high" in mon._given_up
 
 
-def test_failed_repairs_halt_once_accuracy_regresses():
+def test_failed_repairs_without_damage_advise_until_accuracy_regresses():
     st, cfg = _state(), _cfg(max_actions=2)
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
         if step >= 15:
-            row["grad_norm"] = 12.0
+            row["logp_gap_mean"] = 0.2  # a rollout/trainer mismatch: weights intact, no damage signal
+        if cfg.algo.correction.mode == "mask":
+            row["is_mask_frac"] = 0.7  # the one repair is unsafe and reverted
         if step >= 35:
             row["accuracy"] = row["reward/mean"] = 0.05
 
     step = _drive(mon, st, cfg, 60, edit)
+    assert [(a["event"], a["action"]) for a in mon.actions] == [("apply", "enable_is_correction"),
+                                                                ("revert", "enable_is_correction")]
     assert 35 < step < 40 and mon.halted and "regressed" in mon.halted
 
 
@@ -132,13 +135,15 @@ def test_rollback_restores_weights_and_moments_but_keeps_hyperparameters():
 
 
 @pytest.mark.parametrize("name", ["lower_lr", "raise_kl", "tighten_clip", "enable_is_correction", "raise_temperature",
-                                  "raise_max_tokens", "downweight_component"])
+                                  "raise_max_tokens", "downweight_component", "restore_clip", "lower_epochs"])
 def test_every_action_undoes_itself(name):
     st, cfg = _state(), TetherConfig()
     from tether.config import RewardComponentConfig
 
     cfg.reward.components = [*cfg.reward.components, RewardComponentConfig(name="format", weight=1.0)]
     cfg.rollout.sampling.temperature = 0.5
+    cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0  # clipping off
+    cfg.algo.epochs = 6
     before, lr = cfg.model_dump(), st.optimizer.param_groups[0]["lr"]
     changes = ACTIONS[name].apply(st, cfg, {})
     assert changes, name
@@ -191,3 +196,20 @@ def test_undamaged_weights_are_kept_and_an_unsafe_correction_is_reverted():
     assert events[0][:2] == ("apply", "enable_is_correction") and events[0][2] is None  # no rollback
     assert events[1][:2] == ("revert", "enable_is_correction") and "masked 70%" in mon.actions[1]["reason"]
     assert cfg.algo.correction.mode == "truncate"
+
+
+def test_lr_repair_scales_with_how_far_the_update_size_is_out_of_range():
+    st = _state()
+    lr = st.optimizer.param_groups[0]["lr"]
+    ACTIONS["lower_lr"].apply(st, TetherConfig(), {"update_ratio": 400.0})  # KL 400x: LR ~20x too high
+    assert st.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 20)
+    st = _state()
+    ACTIONS["lower_lr"].apply(st, TetherConfig(), {"update_ratio": 2.0})  # barely out of range: the 0.3x step
+    assert st.optimizer.param_groups[0]["lr"] == pytest.approx(lr * 0.3)
+
+
+def test_clip_and_epoch_repairs_apply_only_when_out_of_range():
+    st, cfg = _state(), TetherConfig()
+    assert ACTIONS["restore_clip"].apply(st, cfg, {}) == [] and ACTIONS["lower_epochs"].apply(st, cfg, {}) == []
+    cfg.algo.epochs = 8
+    assert [c.new for c in ACTIONS["lower_epochs"].apply(st, cfg, {})] == [1]

@@ -8,6 +8,7 @@ seams through one object, `st.faults`, which is `NO_FAULTS` (every seam returns 
     problems = st.faults.begin_rollout(problems)   # data, sampler, weight sync
     groups = st.faults.end_rollout(groups)         # rewards, rollout log-probs, grouping
     adv = st.faults.on_advantages(adv, group_B)    # credit assignment (AdvantageOutputs)
+    batch = st.faults.on_batch(batch)              # loss inputs: loss mask, advantages, rollout log-probs
 
 `begin_rollout` may swap the engine the rollout runs on (`st.policy`, `cfg.rollout.sampling`);
 `end_rollout` swaps it back, so the trainer never sees the swap. A fault overrides the hooks of
@@ -18,7 +19,19 @@ its seam (the step being computed is passed as `step`, 1-based):
     on_sampler(policy, sampling, step)     sampler / weight sync: what the rollout engine runs
     on_rollouts(groups, step)              rewards, rollout log-probs, grouping
     on_advantages(adv_BT, group_B, step)   credit assignment
+    on_batch(batch, step)                  the loss's inputs (TrainBatch: loss_mask_BT, advantages_BT,
+                                           rollout_logp_BT, ...): loss-mask and loss-term bugs
     install(st, cfg, step_fn)              loss / optimizer: torch hooks (grad hooks, step hooks)
+
+Every fault also gets `self.view` (a `FaultView`): read-only views of the policy (`view.policy`:
+attributes readable, none assignable) and of the training problems (`view.dataset`: a tuple of
+read-only mappings), for faults that need to look at the model or the data to corrupt a seam.
+
+What `tether faultbench` reads from the class: `name` (or the `package.module:Class` /
+`path/to/file.py:Class` spec), `family`, `cause` (scored against the diagnosis), `severities`
+(one or two of subtle/obvious; a one-severity fault runs only at that one), `remediable`, and
+optionally `base` (config overrides of the faulty runs, e.g. `("algo.epochs=2",)`) and
+`start_step` (the step the fault starts at instead of the benchmark's; 1 = present from the start).
 
 Add a fault type in one file: drop a module into this package (it is imported on first use) or
 anywhere importable and name it as `package.module:ClassName` in `health.inject`::
@@ -36,8 +49,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
+import os
 import pkgutil
 import random
+import sys
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Sequence
 
 FAMILIES = ("reward", "optimisation", "credit_assignment", "data", "system")
@@ -64,6 +82,9 @@ class Fault:
     remediable: ClassVar[bool] = False  # can an action of the catalogue repair it (decided a priori)
     severities: ClassVar[dict[str, dict[str, Any]]] = {"subtle": {}, "obvious": {}}
     description: ClassVar[str] = ""
+    base: ClassVar[tuple[str, ...]] = ()  # faultbench: config overrides of the runs this fault is injected into
+    start_step: ClassVar[int | None] = None  # faultbench: first faulty step (None: the benchmark's --start)
+    view: "FaultView | None" = None
 
     def __init__(self, severity: str = "obvious", start: int = 1, params: dict[str, Any] | None = None, seed: int = 0) -> None:
         if severity not in self.severities:
@@ -98,12 +119,46 @@ class Fault:
     def on_advantages(self, adv_BT: Any, group_B: Any, step: int) -> Any:
         return adv_BT
 
+    def on_batch(self, batch: Any, step: int) -> Any:
+        return batch
+
     def install(self, st: Any, cfg: Any, step_fn: Callable[[], int]) -> None:
         pass
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "family": self.family, "cause": self.cause, "severity": self.severity,
                 "start": self.start, "params": dict(self.p), "remediable": self.remediable}
+
+
+class ReadOnly:
+    """A view of an object whose attributes can be read (and methods called) but not assigned."""
+
+    __slots__ = ("_obj",)
+
+    def __init__(self, obj: Any) -> None:
+        object.__setattr__(self, "_obj", obj)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_obj"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"read-only view: cannot set {name!r}")
+
+
+class FaultView:
+    """What a fault may look at: the trainer's policy and the training problems, read-only."""
+
+    def __init__(self, st: Any) -> None:
+        self._st = st
+
+    @property
+    def policy(self) -> Any:
+        return ReadOnly(self._st.policy)
+
+    @property
+    def dataset(self) -> tuple:
+        stream = getattr(self._st, "stream", None)
+        return tuple(MappingProxyType(p) for p in getattr(stream, "problems", ()))
 
 
 class NoFaults:
@@ -123,6 +178,9 @@ class NoFaults:
     def on_advantages(self, adv, group_B):
         return adv
 
+    def on_batch(self, batch):
+        return batch
+
 
 NO_FAULTS = NoFaults()
 
@@ -136,6 +194,7 @@ class FaultSet:
         self._begun = 0
         self._swapped: tuple[Any, Any] | None = None
         for f in self.faults:
+            f.view = FaultView(st)
             f.install(st, cfg, self._step)
 
     def __bool__(self) -> bool:
@@ -179,6 +238,11 @@ class FaultSet:
             adv_BT = f.on_advantages(adv_BT, group_B, self._step())
         return adv if adv_BT is adv.advantages_BT else dataclasses.replace(adv, advantages_BT=adv_BT)
 
+    def on_batch(self, batch):
+        for f in self._live():
+            batch = f.on_batch(batch, self._step())
+        return batch
+
 
 _LOADED = False
 
@@ -196,8 +260,8 @@ def load_fault_plugins() -> dict[str, type[Fault]]:
 def get_fault_class(name: str) -> type[Fault]:
     """A registered fault by name, or `package.module:ClassName` from user code."""
     if ":" in name:
-        module, _, attr = name.partition(":")
-        cls = getattr(importlib.import_module(module), attr, None)
+        module, _, attr = name.rpartition(":")
+        cls = getattr(_import_user_module(module), attr, None)
         if not (isinstance(cls, type) and issubclass(cls, Fault)):
             raise ValueError(f"fault {name!r}: {attr!r} in {module!r} is not a Fault subclass")
         return cls
@@ -205,6 +269,31 @@ def get_fault_class(name: str) -> type[Fault]:
     if name not in faults:
         raise ValueError(f"unknown fault {name!r}; valid: {', '.join(sorted(faults))}")
     return faults[name]
+
+
+def _import_user_module(module: str) -> Any:
+    """`package.module` (importable, or importable from the working directory) or a `.py` path."""
+    if module.endswith(".py"):
+        path = Path(module).resolve()
+        if not path.is_file():
+            raise ValueError(f"fault module {module!r}: no such file")
+        name = "tether_user_fault_" + hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+        return sys.modules[name]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module.split(".")[0] or os.getcwd() in sys.path:
+            raise ValueError(f"fault module {module!r}: {err}") from None
+        sys.path.insert(0, os.getcwd())  # `python -m` would have; the `tether` script does not
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as err2:
+            raise ValueError(f"fault module {module!r}: {err2}") from None
 
 
 def build_faults(specs: Sequence[Any], st: Any, cfg: Any, seed: int = 0) -> FaultSet | NoFaults:
@@ -219,5 +308,5 @@ def build_faults(specs: Sequence[Any], st: Any, cfg: Any, seed: int = 0) -> Faul
     return FaultSet(faults, st, cfg)
 
 
-__all__ = ["FAMILIES", "FAULTS", "Fault", "FaultSet", "NO_FAULTS", "NoFaults", "build_faults", "get_fault_class",
+__all__ = ["FAMILIES", "FAULTS", "Fault", "FaultSet", "FaultView", "ReadOnly", "NO_FAULTS", "NoFaults", "build_faults", "get_fault_class",
            "load_fault_plugins", "register_fault"]

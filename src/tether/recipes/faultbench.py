@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import multiprocessing
+import re
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -58,10 +59,12 @@ class Case:
     severity: str | None
     seed: int
     mode: str  # advise | auto
+    variant: str = ""  # healthy controls repeated under other settings (precision, threads): its name
 
     @property
     def id(self) -> str:
-        return f"{self.fault or 'healthy'}-{self.severity or 'none'}-s{self.seed}-{self.mode}"
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.fault or "healthy")  # user specs hold ':' and '/'
+        return f"{name}-{self.severity or 'none'}-s{self.seed}-{self.mode}" + (f"-{self.variant}" if self.variant else "")
 
 
 def prepare_base(cache: Path, extra: list[str] | None = None) -> Path:
@@ -81,10 +84,22 @@ def prepare_base(cache: Path, extra: list[str] | None = None) -> Path:
     return model
 
 
-def _case_overrides(case: Case, model: Path, steps: int, start: int, extra: list[str]) -> list[str]:
+def fault_start(cls: Any, start: int) -> int:
+    """The step a fault starts at: its class's `start_step`, else the benchmark's."""
+    return int(cls.start_step) if getattr(cls, "start_step", None) else start
+
+
+def _case_overrides(case: Case, model: Path, steps: int, start: int, extra: list[str],
+                    variants: dict[str, list[str]] | None = None) -> list[str]:
     ov = BASE + extra + [f"model.path={model}", f"run.seed={case.seed}", f"health.mode={case.mode}", f"train.steps={steps}"]
     if case.fault:
-        ov.append(f"health.inject=[{{name: {case.fault}, severity: {case.severity}, start: {start}}}]")
+        from tether.health.faults import get_fault_class
+
+        cls = get_fault_class(case.fault)
+        ov += list(cls.base)  # the fault's own base-config overrides
+        ov.append(f"health.inject=[{{name: {json.dumps(case.fault)}, severity: {case.severity}, "
+                  f"start: {fault_start(cls, start)}}}]")
+    ov += (variants or {}).get(case.variant, [])
     return ov
 
 
@@ -98,7 +113,8 @@ def _score(policy: Any, problems: list[dict], cfg: Any, seed: int) -> float:
     return m["eval/pass@1"]
 
 
-def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra: list[str]) -> dict[str, Any]:
+def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra: list[str],
+             variants: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """One benchmark run; returns its record (never raises)."""
     import torch
 
@@ -113,7 +129,7 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
     rd = Path(out_dir) / case.id
     rec: dict[str, Any] = {"case": asdict(case), "id": case.id}
     try:
-        cfg = load_config(None, _case_overrides(case, Path(model), steps, start, extra))
+        cfg = load_config(None, _case_overrides(case, Path(model), steps, start, extra, variants))
         train, held = setup_problems(cfg)
         policy = load_policy(model)
         try:
@@ -125,7 +141,7 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
         clean = load_config(None, BASE + extra + [f"model.path={model}", "health.mode=off"])  # true labels, clean reward
         rec["final_train_acc"] = _score(policy, train[:128], clean, 1234)
         rec["final_heldout_acc"] = _score(policy, held, clean, 4321)
-        rec.update(read_health_record(rd, start if case.fault else 1))
+        rec.update(read_health_record(rd, cfg.health.inject[0].start if case.fault else 1))
     except Exception as err:  # a benchmark bug must not kill the whole benchmark
         rec["error"] = f"{type(err).__name__}: {err}"[:500]
     rec["seconds"] = time.perf_counter() - t0
@@ -162,20 +178,42 @@ def read_health_record(rd: Path, start: int) -> dict[str, Any]:
 
 
 def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int], healthy_seeds: list[int],
-               modes: tuple[str, ...] = ("advise", "auto")) -> list[Case]:
+               modes: tuple[str, ...] = ("advise", "auto"), variants: Iterable[str] = (),
+               auto_remediable_only: bool = False) -> list[Case]:
+    """Healthy controls (both modes; each variant in advise mode) and every fault at each of
+    `severities` that its class defines (a one-severity fault runs once per seed and mode);
+    `auto_remediable_only`: auto mode only for remediable faults (and the healthy controls)."""
+    from tether.health.faults import get_fault_class
+
     cases = [Case(None, None, s, m) for s in healthy_seeds for m in modes]
-    cases += [Case(f, sev, s, m) for f in faults for sev in severities for s in seeds for m in modes]
-    return cases
+    cases += [Case(None, None, s, "advise", v) for v in variants for s in healthy_seeds]
+    cases += [Case(f, sev, s, m) for f in faults for sev in severities if sev in get_fault_class(f).severities
+              for s in seeds for m in modes if m == "advise" or not auto_remediable_only or get_fault_class(f).remediable]
+
+    def rank(c: Case) -> tuple:  # seed-major: a benchmark cut short still covers every fault once
+        pool = seeds if c.fault else healthy_seeds
+        k = pool.index(c.seed) * max(len(seeds), 1) // max(len(pool), 1) if c.seed in pool else 0
+        return (k, c.mode != "advise", bool(c.variant))
+
+    return sorted(cases, key=rank)
 
 
 def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str, ...] = ("subtle", "obvious"),
               seeds: list[int] | None = None, healthy_seeds: list[int] | None = None, steps: int = 40, start: int = 15,
-              workers: int = 2, extra: list[str] | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the benchmark into `out` (cases.jsonl, results.json); finished cases are reused."""
-    from tether.health.faults import load_fault_plugins
+              workers: int = 2, extra: list[str] | None = None, progress: Callable[[str], None] = print,
+              variants: dict[str, list[str]] | None = None, modes: tuple[str, ...] = ("advise", "auto"),
+              auto_remediable_only: bool = False) -> dict[str, Any]:
+    """Run the benchmark into `out` (cases.jsonl, results.json); finished cases are reused.
 
-    registry = load_fault_plugins()
-    faults = list(faults or sorted(registry))
+    `faults`: registered names or user specs (`package.module:Class`, `path/file.py:Class`; the
+    module is imported here and in each worker). `faults=[]` runs the healthy controls only.
+    `variants`: name -> config overrides under which the healthy controls are repeated (advise).
+    """
+    from tether.health.faults import get_fault_class, load_fault_plugins
+
+    faults = list(sorted(load_fault_plugins()) if faults is None else faults)
+    registry = {f: get_fault_class(f) for f in faults}  # raises ValueError naming a bad spec
+    variants = dict(variants or {})
     seeds = list(seeds if seeds is not None else [0, 1])
     healthy_seeds = list(healthy_seeds if healthy_seeds is not None else range(10))
     extra = list(extra or [])
@@ -190,9 +228,9 @@ def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str,
             r = json.loads(line)
             if "error" not in r:
                 done[r["id"]] = r
-    cases = [c for c in make_cases(faults, severities, seeds, healthy_seeds) if c.id not in done]
+    cases = [c for c in make_cases(faults, severities, seeds, healthy_seeds, modes, variants, auto_remediable_only) if c.id not in done]
     progress(f"{len(cases)} runs to do ({len(done)} reused), {workers} worker(s)")
-    args = (str(model), str(out / "runs"), steps, start, extra)
+    args = (str(model), str(out / "runs"), steps, start, extra, variants)
     records = list(done.values())
     if workers <= 1:
         it: Iterable[dict] = (run_case(c, *args) for c in cases)
@@ -204,7 +242,10 @@ def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str,
             _collect((f.result() for f in as_completed(futs)), records, log_path, len(cases), t0, progress)
     results = compute_results(records, registry, start)
     results["config"] = {"steps": steps, "start": start, "seeds": seeds, "healthy_seeds": healthy_seeds,
-                         "severities": list(severities), "faults": faults, "base": BASE + extra}
+                         "severities": list(severities), "faults": faults, "base": BASE + extra, "variants": variants,
+                         "fault_starts": {f: fault_start(c, start) for f, c in registry.items() if fault_start(c, start) != start},
+                         "fault_base": {f: list(c.base) for f, c in registry.items() if c.base},
+                         "auto_remediable_only": auto_remediable_only}
     results["wall_seconds"] = time.perf_counter() - t0
     results["cpu_seconds_runs"] = sum(r.get("cpu_seconds", 0.0) for r in records)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -237,7 +278,11 @@ def _rate(hits: list[bool]) -> float | None:
 def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
     ok = [r for r in records if "error" not in r]
     by = {r["id"]: r for r in ok}
-    healthy = [r for r in ok if r["case"]["fault"] is None]
+    healthy = [r for r in ok if r["case"]["fault"] is None and not r["case"].get("variant")]
+    variant_fa: dict[str, list[bool]] = {}
+    for r in ok:
+        if r["case"]["fault"] is None and r["case"].get("variant"):
+            variant_fa.setdefault(r["case"]["variant"], []).append(r.get("first_alarm_step") is not None)
     h_adv = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "advise"}
     h_auto = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "auto"}
     h_scores = [r["final_train_acc"] for r in h_adv.values()]
@@ -251,6 +296,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         c = r["case"]
         cls = registry.get(c["fault"])
         cause, family = (cls.cause, cls.family) if cls else (None, None)
+        f_start = fault_start(cls, start) if cls else start
         hit = r.get("first_alarm_step") is not None
         det[c["severity"]].append(hit)
         auto = by.get(Case(c["fault"], c["severity"], c["seed"], "auto").id)
@@ -264,8 +310,8 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         row["advise_acc"].append(r["final_train_acc"])
         if hit:
             row["detected"] += 1
-            delays.append(r["first_alarm_step"] - start)
-            row["delays"].append(r["first_alarm_step"] - start)
+            delays.append(r["first_alarm_step"] - f_start)
+            row["delays"].append(r["first_alarm_step"] - f_start)
             dx = r.get("diagnosis", [])
             top1.append(dx[:1] == [cause])
             top3.append(cause in dx[:3])
@@ -299,6 +345,9 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
     return {
         "recall_obvious": _rate(det["obvious"]), "recall_subtle": _rate(det["subtle"]),
         "false_alarm_rate": _rate([r.get("first_alarm_step") is not None for r in h_adv.values()]),
+        "false_alarm_runs": len(h_adv),
+        "false_alarm_rate_variants": {v: _rate(x) for v, x in sorted(variant_fa.items())},
+        "false_alarm_runs_variants": {v: len(x) for v, x in sorted(variant_fa.items())},
         "false_alarm_rate_prefault": _rate([r.get("alarms_before_start", 0) > 0 for r in faulty]),
         "steps_to_detect_median": statistics.median(delays) if delays else None,
         "diagnosis_top1": _rate(top1), "diagnosis_top3": _rate(top3), "diagnosis_family_top1": _rate(fam1),
@@ -314,7 +363,8 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
 def format_results(res: dict[str, Any]) -> str:
     """The headline scores and the per-fault table as text."""
     f = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
-    keys = ("recall_obvious", "recall_subtle", "false_alarm_rate", "false_alarm_rate_prefault", "steps_to_detect_median",
+    keys = ("recall_obvious", "recall_subtle", "false_alarm_rate", "false_alarm_runs", "false_alarm_rate_variants",
+            "false_alarm_rate_prefault", "steps_to_detect_median",
             "diagnosis_top1", "diagnosis_top3", "diagnosis_family_top1", "remediation_success", "remediation_cases",
             "salvage_rate", "halt_rate_faulty_auto", "wall_seconds", "cpu_seconds_runs",
             "harm_rate", "harm_cases", "delta", "healthy_acc_mean", "runs")

@@ -1,0 +1,89 @@
+"""A user's fault in one file outside the source tree, run AND scored by
+`tether faultbench --fault package.module:Class` (its cause, family, single severity and base
+config come from the class), and the fault API pieces it relies on."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from tether.cli import app
+from tether.health.faults import FaultView, ReadOnly, get_fault_class
+from tether.recipes.faultbench import Case, _case_overrides, make_cases
+
+USER_FAULT = textwrap.dedent('''
+    from tether.health.faults import Fault
+
+    class BlankAnswers(Fault):
+        """Every gold answer is replaced by '?' (a bad join): nothing can be solved."""
+        name, family, cause = "blank_answers_user", "data", "data_corruption"
+        severities = {"obvious": {"answer": "?"}}
+        base = ("rollout.sampling.max_new_tokens=5",)
+
+        def on_problems(self, problems, step):
+            assert len(self.view.dataset) > 0  # the read-only dataset view
+            return [dict(p, answer=self.p["answer"]) for p in problems]
+''')
+
+
+def _write_package(root):
+    pkg = root / "userfaults"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "blank.py").write_text(USER_FAULT)
+    return "userfaults.blank:BlankAnswers"
+
+
+def test_one_severity_base_and_start_come_from_the_class(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = _write_package(tmp_path)
+    cls = get_fault_class(spec)  # imported from the working directory, as `python -m` would
+    cases = make_cases([spec], ("subtle", "obvious"), [0, 1], [0])
+    assert {c.severity for c in cases if c.fault} == {"obvious"} and len([c for c in cases if c.fault]) == 4
+    ov = _case_overrides(Case(spec, "obvious", 0, "advise"), tmp_path, 10, 5, [])
+    assert "rollout.sampling.max_new_tokens=5" in ov and any('"userfaults.blank:BlankAnswers"' in o for o in ov)
+    assert get_fault_class(str(tmp_path / "userfaults" / "blank.py") + ":BlankAnswers").cause == cls.cause
+
+
+def test_rollout_topk_starts_at_step_1_in_the_benchmark():
+    ov = _case_overrides(Case("rollout_topk", "obvious", 0, "advise"), "m", 40, 15, [])
+    assert any("start: 1}" in o for o in ov)
+
+
+def test_read_only_views():
+    class _St:
+        policy = type("P", (), {"version": 3})()
+        stream = type("S", (), {"problems": [{"id": "a", "answer": "1"}]})()
+
+    view = FaultView(_St())
+    assert view.policy.version == 3
+    with pytest.raises(AttributeError, match="read-only"):
+        view.policy.version = 4
+    with pytest.raises(TypeError):
+        view.dataset[0]["answer"] = "2"
+    assert isinstance(view.policy, ReadOnly)
+
+
+def test_bad_fault_spec_is_a_one_line_error(tmp_path):
+    res = CliRunner().invoke(app, ["faultbench", "--fault", "no_such_pkg.mod:Fault", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "no_such_pkg" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_user_fault_outside_the_tree_is_run_and_scored(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = _write_package(tmp_path)
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(app, [
+        "faultbench", "--fault", spec, "--seeds", "0", "--healthy-seeds", "0", "--mode", "advise", "--steps", "10",
+        "--start", "5", "--workers", "1", "--out", str(out), "--set", "sft.steps=40"])
+    assert res.exit_code == 0, res.output
+    results = json.loads((out / "results.json").read_text())
+    row = next(r for r in results["per_fault"] if r["fault"] == spec)
+    assert (row["cause"], row["family"], row["severity"], row["runs"]) == ("data_corruption", "data", "obvious", 1)
+    assert row["detected"] == 1  # answers nobody can give: flagged
+    assert results["recall_obvious"] == 1.0 and results["recall_subtle"] is None
+    assert results["diagnosis_top1"] is not None  # scored against the class's cause

@@ -1,0 +1,168 @@
+"""Absolute sanity checks (detectors_sanity.py): each fires on a fault present from step 1, and
+stays quiet on the healthy series and on the healthy irregularities it must tolerate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tether.health.config import HealthConfig
+from tether.health.detectors import RunContext
+from tether.health.diagnosis import diagnose
+from tether.health.monitor import HealthMonitor
+from health_helpers import healthy_row
+
+CTX = RunContext("exact_match", {"exact_match": 1.0}, 0, rollout_n=8, advantage="grpo")
+SANE = {  # what the new telemetry reads on a healthy GRPO step (measured on faultbench runs)
+    "advantage/group_mean_max": 5e-8, "advantage/abs_max": 2.47, "advantage/range_ratio_max": 2.47,
+    "health/group_size_min": 8.0, "health/group_size_max": 8.0, "health/dup_task_frac": 0.0, "health/max_turns": 1.0,
+    "health/reward_corr_own": 1.0, "health/reward_corr_shift": 0.6, "health/reward_correct_pairs": 60.0,
+    "health/accuracy_se": 0.06, "health/samples": 256.0, "batch/loss_tokens": 600.0, "health/action_tokens": 600.0,
+    "health/action_tokens_ok": 600.0,
+}
+
+
+def monitor(only: str | None = None) -> HealthMonitor:
+    class _C:
+        health = HealthConfig()
+    mon = HealthMonitor(_C(), rd=None, watchdog=False)
+    if only:
+        mon.detectors = {only: mon.detectors[only]}
+    return mon
+
+
+def run(change=None, n: int = 8, only: str | None = None, ctx: RunContext = CTX, seed: int = 0, start: int = 1):
+    """Findings over n healthy rows, `change(row, step)` applied from `start` on."""
+    rng, mon = random.Random(seed), monitor(only)
+    for step in range(1, n + 1):
+        row = {**healthy_row(step, rng), **SANE}
+        if change and step >= start:
+            change(row, step)
+        mon.run_detectors(step, row, ctx)
+    return mon.findings
+
+
+def first(findings, detector: str):
+    return next((f for f in findings if f.detector == detector), None)
+
+
+def test_healthy_series_raises_nothing_over_60_steps():
+    for seed in range(3):
+        assert run(n=60, seed=seed) == []
+
+
+def test_topk_gap_from_step_1_is_critical_at_step_1():
+    f = first(run(lambda r, s: r.update(logp_gap_mean=3.5)), "logp_floor")
+    assert f is not None and f.step == 1 and f.severity == "critical"
+    assert diagnose([f])[0].cause == "rollout_mismatch"
+
+
+def test_gap_at_bf16_floor_is_not_a_finding():
+    assert first(run(lambda r, s: r.update(logp_gap_mean=0.02, ess=0.97), n=30), "logp_floor") is None
+
+
+def test_no_floor_when_staleness_is_allowed():
+    ctx = RunContext("exact_match", {"exact_match": 1.0}, 2, rollout_n=8, advantage="grpo")
+    assert first(run(lambda r, s: r.update(logp_gap_mean=0.3), ctx=ctx), "logp_floor") is None
+
+
+@pytest.mark.parametrize("change,rule", [
+    (lambda r, s: r.update({"advantage/score_corr": -0.95}), "sign"),
+    (lambda r, s: r.update({"advantage/group_mean_max": 0.3}), "mean"),
+    (lambda r, s: r.update({"advantage/abs_max": 4.0}), "scale"),
+])
+def test_advantage_invariants_from_step_1(change, rule):
+    f = first(run(change), "advantage_invariants")
+    assert f is not None and f.step == 1 and f.evidence["rule"] == rule
+    assert diagnose([f])[0].cause == "advantage_bug"
+
+
+def test_advantage_invariants_only_for_group_relative_single_turn():
+    gae = RunContext("exact_match", {"exact_match": 1.0}, 0, rollout_n=8, advantage="gae")
+    assert first(run(lambda r, s: r.update({"advantage/group_mean_max": 0.3}), ctx=gae), "advantage_invariants") is None
+    multi = lambda r, s: r.update({"advantage/group_mean_max": 0.3, "health/max_turns": 3.0})  # noqa: E731
+    assert first(run(multi), "advantage_invariants") is None
+
+
+def test_group_size_mismatch_is_a_grouping_bug_at_once():
+    f = first(run(lambda r, s: r.update({"health/group_size_min": 4.0, "health/group_size_max": 4.0})), "group_structure")
+    assert f is not None and f.step == 1 and f.evidence["rule"] == "size"
+    assert diagnose([f])[0].cause == "grouping_bug"
+
+
+def test_duplicates_every_step_are_flagged_on_the_second_step():
+    f = first(run(lambda r, s: r.update({"health/dup_task_frac": 0.25})), "group_structure")
+    assert f is not None and f.step == 2 and f.evidence["rule"] == "duplicate"
+    assert diagnose([f])[0].cause == "duplicate_problems"
+
+
+def test_an_epoch_boundary_duplicate_once_per_epoch_is_tolerated():
+    boundary = lambda r, s: r.update({"health/dup_task_frac": 0.0625 if s % 5 == 0 else 0.0})  # noqa: E731
+    assert first(run(boundary, n=40), "group_structure") is None
+
+
+def test_reward_attached_to_the_neighbour_is_misalignment_not_noise():
+    f = first(run(lambda r, s: r.update({"health/reward_corr_own": 0.45, "health/reward_corr_shift": 0.93})), "reward_linkage")
+    assert f is not None and f.step == 2 and f.evidence["rule"] == "linkage"
+    assert diagnose([f])[0].cause == "misaligned_reward"
+
+
+def test_inverted_reward_from_step_1():
+    f = first(run(lambda r, s: r.update({"health/reward_correct_auc": 0.05, "health/reward_corr_own": -0.9,
+                                         "health/reward_corr_shift": -0.5})), "reward_linkage")
+    assert f is not None and f.step <= 2 and f.evidence["rule"] == "inverted"
+
+
+def test_noisy_reward_is_not_a_linkage_finding():
+    noisy = lambda r, s: r.update({"health/reward_correct_auc": 0.7, "health/reward_corr_own": 0.4,  # noqa: E731
+                                   "health/reward_corr_shift": 0.3})
+    assert first(run(noisy, n=20), "reward_linkage") is None
+
+
+def test_near_zero_start_that_degrades():
+    acc = {1: 0.12, 2: 0.06, 3: 0.02, 4: 0.0, 5: 0.0}
+    f = first(run(lambda r, s: r.update(accuracy=acc.get(s, 0.0), **{"health/accuracy_se": 0.03 if acc.get(s) else 0.0})),
+              "accuracy_drop")
+    assert f is not None and f.step <= 5
+
+
+def test_post_sft_transient_of_a_higher_start_is_tolerated():
+    acc = {1: 0.52, 2: 0.32, 3: 0.30, 4: 0.20, 5: 0.19, 6: 0.34}
+    assert first(run(lambda r, s: r.update(accuracy=acc.get(s, 0.4))), "accuracy_drop") is None
+
+
+def test_loss_mask_that_misses_sampled_tokens():
+    f = first(run(lambda r, s: r.update({"batch/loss_tokens": 520.0})), "loss_mask")
+    assert f is not None and f.step == 1 and diagnose([f])[0].cause == "loss_mask_bug"
+
+
+def test_update_size_beyond_any_trust_region():
+    f = first(run(lambda r, s: r.update(approx_kl=3.0)), "update_size")
+    assert f is not None and f.step == 1 and diagnose([f])[0].cause == "lr_too_high"
+
+
+def test_weight_checksum_mismatch_is_stale_weights_not_sampler_mismatch():
+    mon = monitor()
+    mon.weight_fps = {4: 123.5}
+    assert mon._check_weights({"rollout/weights_fp": 123.5, "health/rollout_version_min": 4.0}) == 0.0
+    assert mon._check_weights({"rollout/weights_fp": 120.0, "health/rollout_version_min": 4.0}) == 1.0
+    f = first(run(lambda r, s: r.update({"health/weights_mismatch": 1.0, "logp_gap_mean": 0.2})), "stale_weights")
+    assert f is not None and f.step == 1 and f.evidence["rule"] == "checksum"
+    gap = first(run(lambda r, s: r.update({"health/weights_mismatch": 1.0, "logp_gap_mean": 0.2})), "logp_floor")
+    assert diagnose([f, gap])[0].cause == "stale_weights"
+    assert diagnose([gap])[0].cause == "rollout_mismatch"
+
+
+def test_unknown_cause_when_two_fingerprints_tie():
+    from tether.health.detectors import Finding
+
+    a = Finding("stall", "stall", "critical", 5, 5, "slow")
+    b = Finding("error_surge", "reward_errors", "critical", 5, 5, "errors")
+    c = Finding("data_shift", "data", "critical", 5, 5, "repeats", {"rule": "repeat"})
+    d = Finding("truncation", "truncation", "critical", 5, 5, "cut")
+    hyps = diagnose([a, b, c, d])
+    assert hyps[0].cause == "unknown" and hyps[0].actions == ("halt",)
+    assert {e["detector"] for e in hyps[0].evidence} == {"stall", "error_surge", "data_shift", "truncation"}
+    assert hyps[1].cause != "unknown"
+    assert diagnose([b])[0].cause == "reward_failures"  # one clear fingerprint: named

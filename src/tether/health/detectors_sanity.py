@@ -150,7 +150,7 @@ class RewardLinkageDetector(Detector):
     """The reward prefers incorrect samples (AUC well below 0.5), or follows a neighbouring
     sample's verdict instead of its own (reward records attached to the wrong samples)."""
 
-    name, mode, needs_baseline = "reward_linkage", "reward_hacking", False
+    name, mode, needs_baseline = "reward_linkage", "reward_misalignment", False
     defaults = {"auc": 0.35, "pairs": 20.0, "shift_margin": 0.25, "shift": 0.6}
 
     def evaluate(self, h, ctx):

@@ -1,0 +1,152 @@
+"""`verifiers` environments trained by tether (the environment format of prime-rl, SkyRL,
+tinker-cookbook and slime), with the environment's rubric as the reward.
+
+    data.task=verifiers data.task_kwargs={env: my_env_module, args: {difficulty: 2}}
+
+`env` names a module that exports `load_environment(**args)` — verifiers' own convention
+(`vf.load_environment("my-env")` imports the module `my_env`) — or `package.module:function`.
+The environment object it returns is used through verifiers' documented interface, duck-typed
+(the `verifiers` package itself is not imported, so any object with these attributes works):
+
+- `dataset` (and `eval_dataset`): rows with `prompt` (a list of chat messages) or `question`,
+  and optionally `answer`, `info`, `task`; `system_prompt` is prepended to a `question`;
+- `max_turns` and, for a multi-turn environment, `env_response(messages, state)` returning the
+  environment's next messages (or `(messages, state)`), and an optional `is_completed(messages,
+  state)`; coroutines are awaited;
+- `rubric.funcs` / `rubric.weights` (or `reward_funcs` / `reward_weights`): each function takes
+  any of `prompt`, `completion`, `answer`, `state`, `info`, `task`, `parser` by name (or
+  `**kwargs`), may be async, and returns a float; the reward is the weighted sum, computed when
+  the episode ends, and the episode is correct when it is positive.
+
+tether samples the turns itself (token in / token out, `tether.envs.runner`) instead of running
+the environment's own rollout loop through an OpenAI client; a black-box rollout loop can be
+trained through `tether.serve` and the agent harness instead. Tool environments (`vf.ToolEnv`)
+are not mapped to tether tools by this adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import json
+import random
+from typing import Any, Mapping
+
+from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
+from tether.policy.chat import Message
+
+_REWARD_ARGS = ("prompt", "completion", "answer", "state", "info", "task", "parser")
+
+
+def _resolve(value: Any) -> Any:
+    return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
+@functools.lru_cache(maxsize=8)
+def _load(ref: str, args_json: str) -> Any:
+    module_name, _, fn_name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name.replace("-", "_"))
+    except ImportError as err:
+        raise ValueError(f"data.task_kwargs.env={ref!r}: cannot import {module_name!r} ({err})") from None
+    fn = getattr(module, fn_name or "load_environment", None)
+    if not callable(fn):
+        raise ValueError(f"data.task_kwargs.env={ref!r}: {module_name} has no function {fn_name or 'load_environment'!r}")
+    return fn(**json.loads(args_json))
+
+
+def load_verifiers_env(ref: str | None, args: Mapping[str, Any] | None = None) -> Any:
+    """The environment `ref` names, loaded once per process per (ref, args)."""
+    if not ref:
+        raise ValueError("data.task=verifiers needs data.task_kwargs.env (a module with load_environment, "
+                         "or package.module:function)")
+    return _load(str(ref), json.dumps(dict(args or {}), sort_keys=True))
+
+
+def _prompt_messages(env: Any, row: Mapping[str, Any]) -> list[dict[str, str]]:
+    if isinstance(row.get("prompt"), list):
+        return [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
+    system = getattr(env, "system_prompt", None)
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": str(row["question"])}]
+
+
+def _rubric(env: Any) -> list[tuple[Any, float]]:
+    rubric = getattr(env, "rubric", None)
+    funcs = list(getattr(rubric, "funcs", None) or getattr(rubric, "reward_funcs", None) or [])
+    weights = list(getattr(rubric, "weights", None) or getattr(rubric, "reward_weights", None) or [1.0] * len(funcs))
+    if not funcs:
+        raise ValueError(f"{type(env).__name__}: the environment's rubric has no reward functions")
+    return list(zip(funcs, weights))
+
+
+class VerifiersEnv:
+    """One episode of a verifiers environment's dataset row (see module docstring)."""
+
+    tools = ()
+
+    def __init__(self, task: Mapping[str, Any]) -> None:
+        self.env = load_verifiers_env(task["vf_env"], task.get("vf_args"))
+        rows = getattr(self.env, task.get("split", "dataset"))
+        row = dict(rows[int(task["row"])])
+        self.prompt = _prompt_messages(self.env, row)
+        self.completion: list[dict[str, str]] = []
+        self.state: dict[str, Any] = {"answer": row.get("answer", ""), "info": row.get("info") or {},
+                                      "task": row.get("task", "default"), "turn": 0, "prompt": self.prompt}
+        self.max_turns = int(getattr(self.env, "max_turns", 1) or 1)
+
+    def reset(self) -> Observation:
+        return Observation(tuple(Message(m["role"], m["content"]) for m in self.prompt))
+
+    def step(self, action: Action) -> StepResult:
+        self.completion.append({"role": "assistant", "content": action.text})
+        self.state["turn"] += 1
+        messages = self.prompt + self.completion
+        done = self.state["turn"] >= self.max_turns or not hasattr(self.env, "env_response")
+        if not done and hasattr(self.env, "is_completed"):
+            done = bool(_resolve(self.env.is_completed(messages, self.state)))
+        new: list[dict[str, str]] = []
+        if not done:
+            out = _resolve(self.env.env_response(messages, self.state))
+            if isinstance(out, tuple):
+                out, self.state = out[0], out[1]
+            new = [{"role": m["role"], "content": m["content"]} for m in out or []]
+            done = not new
+        if not done:
+            self.completion.extend(new)
+            return StepResult(Observation(tuple(Message(m["role"], m["content"]) for m in new)))
+        reward = self.score()
+        return StepResult(Observation(()), reward, True, {"correct": reward > 0})
+
+    def score(self) -> float:
+        """The rubric's weighted sum for this episode."""
+        values = {"prompt": self.prompt, "completion": self.completion, "answer": self.state["answer"],
+                  "state": self.state, "info": self.state["info"], "task": self.state["task"],
+                  "parser": getattr(self.env, "parser", None)}
+        total = 0.0
+        for fn, weight in _rubric(self.env):
+            params = inspect.signature(fn).parameters
+            takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+            kwargs = {k: v for k, v in values.items() if takes_all or k in params}
+            total += float(weight) * float(_resolve(fn(**kwargs)))
+        return total
+
+
+def make_verifiers_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
+    """A row of the environment's dataset, drawn with `rng` (train and held-out draws differ)."""
+    env = load_verifiers_env(kw.get("env"), kw.get("args"))
+    split = kw.get("split", "dataset")
+    rows = getattr(env, split, None)
+    if rows is None or len(rows) == 0:
+        raise ValueError(f"verifiers environment {kw['env']!r} has no rows in {split!r}")
+    k = rng.randrange(len(rows))
+    msgs = _prompt_messages(env, rows[k])
+    return {"id": f"vf-{i}", "prompt": msgs[-1]["content"], "answer": str(rows[k].get("answer", "")), "row": k,
+            "split": split, "env": "verifiers", "vf_env": kw["env"], "vf_args": dict(kw.get("args") or {})}
+
+
+@register_env("verifiers")
+def verifiers_env() -> EnvSpec:
+    """A verifiers environment (load_environment + rubric); no scripted expert (train from model.path)."""
+    return EnvSpec("verifiers", make_verifiers_task, VerifiersEnv, None, "a verifiers environment with its rubric")

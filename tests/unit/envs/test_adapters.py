@@ -1,0 +1,144 @@
+"""The OpenEnv adapter (an OpenEnv-style HTTP server started here on loopback; tether drives
+reset/step over HTTP) and the verifiers adapter (a verifiers-style environment defined in
+vf_env_stub.py, its rubric as the reward), each driven directly and trained end to end."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+import uvicorn  # noqa: E402
+
+from tether.config import load_config  # noqa: E402
+from tether.envs import make_env  # noqa: E402
+from tether.envs.base import Action  # noqa: E402
+from tether.envs.openenv import OpenEnvError, call_openenv  # noqa: E402
+from tether.policy.families import build_family_model  # noqa: E402
+from tether.tasks import make_problems  # noqa: E402
+
+
+def _openenv_app(log: list):
+    """An OpenEnv-style server: one session per episode_id; reward 1 when the action contains
+    the letter the observation asks for; done after two steps."""
+    app = fastapi.FastAPI()
+    sessions: dict[str, dict] = {}
+
+    @app.post("/reset")
+    async def reset(body: dict):
+        letter = "aeiou"[int(body.get("seed") or 0) % 5]
+        sessions[body["episode_id"]] = {"letter": letter, "steps": 0}
+        log.append(("reset", body["episode_id"]))
+        return {"observation": {"prompt": f"Write a word with the letter {letter}.", "metadata": {}}, "reward": None,
+                "done": False}
+
+    @app.post("/step")
+    async def step(body: dict):
+        s = sessions[body["episode_id"]]
+        s["steps"] += 1
+        log.append(("step", body["episode_id"], body["action"]["message"]))
+        reward = 1.0 if s["letter"] in body["action"]["message"] else 0.0
+        return {"observation": {"prompt": "Another one."}, "reward": reward, "done": s["steps"] >= 2}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "healthy"}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def openenv_server():
+    log: list = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(_openenv_app(log), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", log
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    corpus = ["Write a word with the letter a e i o u. Another one. Name a fruit like apple banana cherry. "
+              "Are you sure? Answer with one word."] * 20
+    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, hidden_size=32, intermediate_size=64)
+
+
+def test_openenv_episode_over_http(openenv_server):
+    url, log = openenv_server
+    task = make_problems("openenv", 1, 0, {"url": url, "observation_key": "prompt"})[0]
+    env = make_env(task)
+    first = env.reset()
+    assert first.messages[-1].content.startswith("Write a word with the letter ")
+    letter = first.messages[-1].content.split()[-1].rstrip(".")
+    r1 = env.step(Action(text=f"x{letter}x"))
+    assert r1.reward == 1.0 and not r1.done and r1.observation.messages[0].content == "Another one."
+    r2 = env.step(Action(text="zzz"))
+    assert r2.done and r2.reward == 0.0 and r2.info == {"correct": False}
+    assert [e[0] for e in log[-3:]] == ["reset", "step", "step"] and len({e[1] for e in log[-3:]}) == 1
+    plain = make_env(make_problems("openenv", 1, 0, {"url": url})[0]).reset()  # no observation_key: JSON, metadata hidden
+    assert json.loads(plain.messages[-1].content) == {"prompt": f"Write a word with the letter {letter}."}
+
+
+def test_openenv_unreachable_names_the_call():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    with pytest.raises(OpenEnvError, match=rf"OpenEnv http://127.0.0.1:{port}/reset: URLError"):
+        call_openenv(f"http://127.0.0.1:{port}", "/reset", {}, timeout_s=5)
+    with pytest.raises(ValueError, match="needs data.task_kwargs.url"):
+        make_problems("openenv", 1, 0, {})
+
+
+def test_verifiers_env_multi_turn_and_rubric():
+    task = make_problems("verifiers", 1, 0, {"env": "vf_env_stub"})[0]
+    env = make_env(task)
+    obs = env.reset()
+    assert [m.role for m in obs.messages] == ["system", "user"] and obs.messages[1].content.startswith("Name a fruit")
+    mid = env.step(Action(text="pear"))
+    assert not mid.done and mid.observation.messages[0].content == "Are you sure?"
+    end = env.step(Action(text=task["answer"]))  # the answer's first letter, short: 1.0 + 0.5 * 1.0
+    assert end.done and end.reward == pytest.approx(1.5) and end.info["correct"]
+    with pytest.raises(ValueError, match="cannot import 'no_such_env'"):
+        make_problems("verifiers", 1, 0, {"env": "no_such_env"})
+
+
+def _train(model_dir, tmp_path, task, kwargs):
+    from tether.recipes.rl import run_rl
+
+    cfg = load_config(None, [
+        f"model.path={model_dir}", f"data.task={task}", f"data.task_kwargs={json.dumps(kwargs)}",
+        "data.train_size=8", "data.eval_size=2", "train.steps=2", "rollout.n=2", "rollout.problems_per_step=2",
+        "rollout.sampling.max_new_tokens=6", "eval.sampling.max_new_tokens=6", "eval.samples=1", "env.max_turns=3",
+        "logging.progress=false", "logging.tensorboard=false", "run.threads=1", "checkpoint.every=0",
+        "train.lr=1e-3"])
+    summary = run_rl(cfg, tmp_path / task)
+    rows = [json.loads(line) for line in (tmp_path / task / "metrics.jsonl").read_text().splitlines()]
+    return summary, [r for r in rows if "pg_loss" in r]
+
+
+@pytest.mark.slow
+def test_openenv_trains_end_to_end(openenv_server, model_dir, tmp_path):
+    url, log = openenv_server
+    before = len(log)
+    summary, trained = _train(model_dir, tmp_path, "openenv", {"url": url, "observation_key": "prompt"})
+    assert summary["steps"] == 2 and [r["step"] for r in trained] == [1, 2]
+    assert all(r["env/turns_mean"] == 2.0 and r["env/stop/done"] == 1.0 for r in trained)
+    assert sum(e[0] == "reset" for e in log[before:]) >= 8  # 2 steps x 2 problems x 2 rollouts (+ eval)
+
+
+@pytest.mark.slow
+def test_verifiers_env_trains_end_to_end(model_dir, tmp_path):
+    summary, trained = _train(model_dir, tmp_path, "verifiers", {"env": "vf_env_stub", "args": {"n": 40}})
+    assert summary["steps"] == 2 and [r["step"] for r in trained] == [1, 2]
+    assert all(r["env/turns_mean"] == 2.0 and r["env/stop/done"] == 1.0 for r in trained)

@@ -21,7 +21,7 @@ from tether.envs.tools import Tool, ToolCall, make_tool, parse_tool_calls, run_t
 from tether.envs.mcp import MCPToolServer
 from tether.envs.runner import EnvFailure, run_env_rollouts
 from tether.envs import builtin  # noqa: F401,E402  (registration)
-from tether.envs import openenv, verifiers_env  # noqa: F401,E402  (registration: the OpenEnv and verifiers adapters)
+from tether.envs import mcp_env, openenv, verifiers_env  # noqa: F401,E402  (registration: MCP from the config, OpenEnv, verifiers)
 
 __all__ = [
     "ENVS",

@@ -185,6 +185,8 @@ def test_resource_exhaustion_under_bwrap(kind, trainer):
             peak.append(len(live_processes_with(token)))
             time.sleep(0.05)
 
+    # A non-root trainer's NPROC counts its uid's other processes too (the sandbox adds them to the budget).
+    others = 0 if kind == "root" else sum(host_uid_of(int(p.name)) == NOBODY for p in Path("/proc").glob("[0-9]*"))
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
@@ -194,9 +196,8 @@ def test_resource_exhaustion_under_bwrap(kind, trainer):
         watcher.join()
     assert alive and len(results) == 5, proc.stderr
     bomb_res, mem, disk, spin, sleeper = results
-    print([round(r["wall"], 2) for r in results])
     assert bomb_res["outcome"] in ("timeout", "killed") and bomb_res["infra_error"] is None
-    assert 0 < max(peak) <= LIMITS["max_processes"] + (0 if kind == "root" else 8), max(peak)
+    assert 0 < max(peak) <= LIMITS["max_processes"] + (0 if kind == "root" else others + 4), (max(peak), others)
     assert wait_until_gone(token) == []
     assert mem["outcome"] == "killed" and mem["stderr"].strip().endswith("MemoryError")
     assert disk["outcome"] == "killed" and "No space left" in disk["stderr"], disk

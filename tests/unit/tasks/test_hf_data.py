@@ -132,3 +132,29 @@ def test_verl_parquet_and_dataset_dir_train_through_the_cli(tmp_path, reward_mod
         assert [s["step"] for s in steps if "loss" in s or "reward/mean" in s][-1] == 2, steps
         outputs[name] = r.output
     assert "holding out 3 of 24 rows" in outputs["verl"] and "holding out" not in outputs["dir"]
+
+
+@pytest.mark.slow
+def test_the_docs_one_command_on_a_qwen_directory_and_a_parquet_file(tmp_path):
+    """docs/byo.md: `tether train configs/byo.yaml model.path=<Qwen dir> data.path=<file.parquet>`."""
+    from pathlib import Path
+
+    from tether.policy.families import build_family_model
+
+    config = Path(__file__).resolve().parents[3] / "configs" / "byo.yaml"
+    parquet = tmp_path / "train.parquet"
+    datasets.Dataset.from_list(_verl_rows(30)).to_parquet(str(parquet))
+    qwen = build_family_model("qwen2", tmp_path / "qwen", [f"{i}+{i}= {2 * i}" for i in range(30)], hidden_size=32,
+                              intermediate_size=64)
+    small = ["train.steps=1", "rollout.n=2", "rollout.problems_per_step=2", "rollout.sampling.max_new_tokens=4",
+             "eval.sampling.max_new_tokens=4", "eval.samples=1", "eval.problems=2", "reward.isolation=inline",
+             "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0", "run.threads=1"]
+    rd = tmp_path / "run"
+    r = runner.invoke(app, ["train", str(config), f"model.path={qwen}", f"data.path={parquet}", *small,
+                            "--run-dir", str(rd)])
+    assert r.exit_code == 0, r.output
+    assert "holding out 6 of 30 rows" in r.output
+    rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "pg_loss" in row] == [1]
+    sample = (rd / "samples").glob("step_*.jsonl.gz")
+    assert next(sample, None) is not None

@@ -12,6 +12,7 @@ fit, report, compare) register themselves from `tether.commands.*` modules.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -19,19 +20,86 @@ import pkgutil
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+DEBUG = False  # --debug: errors propagate with their traceback instead of one line
+# An OSError with one of these errnos is the user's environment (path, permissions, disk), not a bug.
+USER_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+               errno.ENOENT, errno.EDQUOT, errno.ENAMETOOLONG}
+
+
+def describe_error(err: BaseException) -> tuple[str, int]:
+    """(one-line message, exit code): 2 for input the user can fix, 1 for a failed run or a bug."""
+    from tether.errors import UserError
+
+    one_line = " ".join(str(err).split())
+    if isinstance(err, UserError):
+        return one_line, 2
+    if isinstance(err, OSError) and err.errno is None:  # raised with a message of ours, e.g. FileNotFoundError(path)
+        return one_line, 2 if isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                                                PermissionError, FileExistsError)) else 1
+    if isinstance(err, OSError):
+        name = errno.errorcode.get(err.errno, str(err.errno))
+        where = " -> ".join(str(f) for f in (err.filename, err.filename2) if f) or "a file"
+        fix = {errno.ENOSPC: "free disk space or choose another --run-dir", errno.EDQUOT: "free disk space",
+               errno.EROFS: "choose a --run-dir on a writable file system"}.get(err.errno, "check the path")
+        return f"cannot use {where}: {err.strerror} ({name}); {fix}", 2 if err.errno in USER_ERRNOS else 1
+    if isinstance(err, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({err}); save it as UTF-8", 2
+    if isinstance(err, _run_failures()):
+        return one_line, 1
+    return f"{type(err).__name__}: {one_line} (an internal error; rerun with --debug for the traceback)", 1
+
+
+class _OneLineErrors(TyperGroup):
+    """Every exception a command lets through becomes one line on stderr (see `describe_error`)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        global DEBUG
+        DEBUG, formatwarning = bool(ctx.params.get("debug")), warnings.formatwarning
+        if not DEBUG:  # warnings as one line each, not "file:line: UserWarning" plus a source line
+            warnings.formatwarning = lambda msg, *_a, **_k: f"tether: warning: {msg}\n"
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, TyperException):  # usage errors and exits of our own
+            raise
+        except Exception as err:
+            if DEBUG:
+                raise
+            message, code = describe_error(err)
+            typer.echo(f"tether: error: {message}", err=True)
+            raise typer.Exit(code) from None
+        finally:
+            DEBUG, warnings.formatwarning = False, formatwarning
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tether: reinforcement fine-tuning of LLMs and LLM agents.")
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="show the full traceback of an error")) -> None:
+    """tether: reinforcement fine-tuning of LLMs and LLM agents."""  # --debug is read by _OneLineErrors.invoke
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print a one-line error and exit (2 = invalid use)."""
     typer.echo(f"tether: error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def fail_on(err: Exception) -> None:
+    """Fail with `err` as one line and its exit code (`describe_error`); re-raise it under --debug."""
+    if DEBUG:
+        raise err
+    message, code = describe_error(err)
+    fail(message, code)
 
 
 def _offline_env() -> None:
@@ -46,23 +114,28 @@ def _load(config: Optional[Path], overrides: List[str]):
     try:
         return load_config(config, overrides)
     except ConfigError as err:
-        fail(str(err))
+        fail_on(err)
 
 
 def default_run_dir(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _known_errors():
-    from tether.config import ConfigError
+def _run_failures() -> tuple[type[Exception], ...]:
+    """Errors that end a run with a message naming the cause (exit 1): not bugs, not bad input."""
     from tether.envs.runner import EnvFailure
-    from tether.policy.chat import TemplateError, TokenizationDrift
+    from tether.policy.chat import TokenizationDrift
     from tether.rewards import RewardFailure
-    from tether.tasks import DataError
     from tether.update import TrainingHalted
 
-    return (ConfigError, DataError, FileNotFoundError, RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift,
-            TemplateError)
+    return (RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift)
+
+
+def _known_errors() -> tuple[type[Exception], ...]:
+    """What a command catches to tidy up its run directory before failing with one line."""
+    from tether.errors import UserError
+
+    return (UserError, OSError) + _run_failures()
 
 
 def _fail_run(rd: Path, existed: bool, err: Exception) -> None:
@@ -71,7 +144,7 @@ def _fail_run(rd: Path, existed: bool, err: Exception) -> None:
     if not existed and not files:
         shutil.rmtree(rd, ignore_errors=True)
         typer.echo(f"(removed the empty run directory {rd})", err=True)
-    fail(str(err), 1)
+    fail_on(err)
 
 
 def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool) -> None:
@@ -83,6 +156,9 @@ def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional
     rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
     typer.echo(f"run directory: {rd}")
     existed = rd.exists()
+    from tether.preflight import check_run_inputs
+
+    check_run_inputs(cfg, rd, kind)  # bad paths, data, tokenizer: one line before a model is built
     try:
         if kind == "sft":
             from tether.recipes.sft import run_sft
@@ -155,7 +231,7 @@ def eval_cmd(
     try:
         metrics, path = run_eval_command(target, overrides or [], out, plot=plot)
     except _known_errors() as err:
-        fail(str(err), 1)
+        fail_on(err)
     for k, v in sorted(metrics.items()):
         typer.echo(f"{k:32s} {v:.4f}" if isinstance(v, float) else f"{k:32s} {v}")
     typer.echo(f"wrote {path}")

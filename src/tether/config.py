@@ -16,8 +16,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tether.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config problem, with a message that names the key and the fix."""
 
 
@@ -70,6 +72,9 @@ class DataConfig(_Base):
     eval_size: int = Field(200, gt=0)
     task_kwargs: dict[str, Any] = Field(default_factory=dict)
     chat: bool = Field(False, description="render prompts with the tokenizer's chat template")
+    on_overlong: Literal["skip", "error"] = Field(
+        "skip", description="a prompt longer than rollout.max_prompt_tokens (or the model's context minus "
+                            "max_new_tokens): skip it with a counted warning, or refuse to start")
     seed: int = 1234
 
 
@@ -486,12 +491,22 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     source = "<defaults>"
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"{p} is a directory; expected a YAML config file (e.g. configs/demo.yaml)")
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            line = p.read_bytes()[: err.start].count(b"\n") + 1
+            raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x}): save the file as UTF-8") from None
+        try:
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(f"{p}: not valid YAML: {err}") from None
+            raise ConfigError(f"{p}: not valid YAML: {' '.join(str(err).split())}") from None
+        if loaded is None:
+            raise ConfigError(f"{p}: the config file is empty; write at least one section (e.g. 'train: {{steps: 100}}'; "
+                              "configs/demo.yaml is a complete example)")
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = loaded or {}

@@ -9,10 +9,12 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
+from tether.errors import UserError
+
 F = TypeVar("F", bound=Callable)
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(UserError, KeyError):
     """Raised for a name that is not registered; the message lists the valid names."""
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it plain

@@ -47,18 +47,18 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model:\n  path: {tmp_path / 'no-model'}\ntrain:\n  steps: 1\n")
     r = runner.invoke(app, ["train", str(cfg), "--run-dir", str(tmp_path / "run")])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "model.path" in r.output and "no such directory" in r.output
     assert not (tmp_path / "run").exists()  # the run directory it created held nothing: removed
     kept = tmp_path / "kept"
     (kept / "checkpoints" / "step-1").mkdir(parents=True)
     (kept / "checkpoints" / "step-1" / "state.pt").write_bytes(b"x")  # a directory with work in it is never removed
     r = runner.invoke(app, ["train", str(cfg), "--run-dir", str(kept)])
-    assert r.exit_code == 1 and (kept / "checkpoints" / "step-1" / "state.pt").exists()
+    assert r.exit_code == 2 and (kept / "checkpoints" / "step-1" / "state.pt").exists()
     r = runner.invoke(app, ["pipeline", str(cfg), "--run-dir", str(tmp_path / "pipe")])
-    assert r.exit_code == 1 and "no such directory" in r.output and not (tmp_path / "pipe").exists()
+    assert r.exit_code == 2 and "no such directory" in r.output and not (tmp_path / "pipe").exists()
     r = runner.invoke(app, ["compare-context", str(cfg), "--builders", "append", "--run-dir", str(tmp_path / "cc")])
-    assert r.exit_code == 1 and "no such directory" in r.output and not (tmp_path / "cc").exists()
+    assert r.exit_code == 2 and "no such directory" in r.output and not (tmp_path / "cc").exists()
 
 
 def test_malformed_dataset_line_names_file_and_line(tmp_path):
@@ -67,7 +67,7 @@ def test_malformed_dataset_line_names_file_and_line(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"data:\n  task: jsonl\n  path: {data}\ntrain:\n  steps: 1\n")
     r = runner.invoke(app, ["train", str(cfg), "--run-dir", str(tmp_path / "run")])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert f"{data}:2:" in r.output
 
 

@@ -25,11 +25,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from tether.errors import UserError
+
 SENTINEL = "\u27e6tether-action-{}\u27e7"  # ⟦tether-action-k⟧: never produced by a template
 _SENTINEL_RE = re.compile("\u27e6tether-action-(\\d+)\u27e7")
 
 
-class TemplateError(ValueError):
+class TemplateError(UserError, ValueError):
     """The chat template cannot be used for token-in/token-out assembly; the message says why."""
 
 

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from tether.config import SamplingConfig
+from tether.errors import InputError
+from tether.preflight import check_tokenizer
 from tether.types import Sample, StopReason
 
 
@@ -95,8 +97,13 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", a
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model.path={str(path)!r}: no config.json inside — is this a Hugging Face model directory?")
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - damaged weights (SafetensorError), foreign config, size mismatch, ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise InputError(f"model.path={str(path)!r}: transformers cannot load it ({first})") from err
+    check_tokenizer(tokenizer, model.get_input_embeddings().num_embeddings, None, f"model.path={str(path)!r}")
     return make_policy(model, tokenizer, device=device, autocast_bf16=autocast_bf16)
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from tether.errors import UserError
 from tether.registry import Registry
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Malformed task data; the message names the file and line."""
 
 
@@ -91,7 +92,11 @@ def make_problems(task: str, size: int, seed: int, kwargs: dict[str, Any] | None
     kw = dict(kwargs or {})
     offset = {"train": 0, "eval": 1_000_003, "pilot": 2_000_003}[split]
     rng = random.Random(seed * 7919 + offset)
-    return [spec.make_problem(rng, i, kw) | {"id": f"{split}-{i}"} for i in range(size)]
+    try:
+        return [spec.make_problem(rng, i, kw) | {"id": f"{split}-{i}"} for i in range(size)]
+    except (TypeError, ValueError, KeyError, IndexError) as err:  # e.g. digits: abc
+        raise DataError(f"data.task_kwargs={kw} do not fit task {task!r} ({type(err).__name__}: {err}); "
+                        f"see the task's docstring (tether.tasks) for its kwargs") from None
 
 
 def make_splits(task: str, train_size: int, eval_size: int, seed: int, kwargs: dict[str, Any] | None = None):
@@ -119,11 +124,19 @@ def demonstration(task: str, problem: dict[str, Any], noise: float = 0.0, rng: r
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read problems from JSONL; every line needs "prompt" and "answer". Errors name file:line."""
     p = Path(path)
+    if p.is_dir():
+        raise DataError(f"{p} is a directory; data.path / data.eval_path name a JSONL file")
     if not p.is_file():
         raise DataError(f"{p}: file not found")
     rows: list[dict[str, Any]] = []
-    with p.open() as f:
-        for lineno, line in enumerate(f, 1):
+    first_line: dict[str, int] = {}
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{p}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1}): "
+                                "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -137,9 +150,16 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise DataError(f"{p}:{lineno}: missing key(s) {missing}; each line needs \"prompt\" and \"answer\"")
             if not isinstance(row["prompt"], str) or not row["prompt"]:
                 raise DataError(f"{p}:{lineno}: \"prompt\" must be a non-empty string")
+            if row["answer"] is None:
+                raise DataError(f"{p}:{lineno}: \"answer\" is null; give the reference answer as a string")
             row = dict(row)
             row["answer"] = str(row["answer"])
             row.setdefault("id", f"{p.stem}-{lineno}")
+            key = str(row["id"])
+            if key in first_line:  # evaluation keys results by id: a duplicate would be counted twice
+                raise DataError(f"{p}:{lineno}: duplicate id {key!r} (first on line {first_line[key]}); "
+                                "give every problem a unique \"id\" or drop the field to number lines")
+            first_line[key] = lineno
             rows.append(row)
     if not rows:
         raise DataError(f"{p}: no problems found")

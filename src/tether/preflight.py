@@ -1,0 +1,158 @@
+"""Checks of the user's input that run before a model is built, each failing with one line.
+
+`tether train|sft` call `check_run_inputs` right after the config is validated: the run
+directory can be written, the run trains something, the data can be read (encoding, JSON,
+duplicate ids: tether.tasks), and a `model.path` directory holds a config, a tokenizer that
+fits the model's embedding and, when prompts are chat-templated, a chat template. Only the
+tokenizer and config.json are read here, not the weights, so a bad input costs seconds.
+
+Prompts longer than the context are found once the tokenizer exists (`fit_prompts`, called by
+the RL recipe): skipped with a counted warning or refused (`data.on_overlong`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+from tether.config import TetherConfig
+from tether.errors import InputError
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """The run directory is a directory (or can become one) on a writable file system."""
+    rd = Path(run_dir)
+    for q in (rd, *rd.parents):
+        if not q.exists():
+            continue
+        if not q.is_dir():
+            where = "is a file" if q == rd else f"is under {q}, which is a file"
+            raise InputError(f"--run-dir {rd} {where}, not a directory: choose another --run-dir")
+        if not os.access(q, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(q).f_flag & os.ST_RDONLY)
+            why = "is on a read-only file system" if read_only else "is not writable (permission denied)"
+            raise InputError(f"--run-dir {rd}: {q} {why}: choose a writable --run-dir")
+        return
+
+
+def check_steps(cfg: TetherConfig, kind: str) -> None:
+    """`train.steps=0` (or `sft.steps=0`) would write a run that trained nothing."""
+    key, steps = ("sft.steps", cfg.sft.steps) if kind == "sft" else ("train.steps", cfg.train.steps)
+    if steps == 0:
+        raise InputError(f"{key}=0: nothing to train; set {key} >= 1 "
+                         "(to evaluate a model without training, use `tether eval CONFIG`)")
+
+
+def _read_model_config(p: Path) -> dict[str, Any]:
+    if not p.is_dir():
+        what = "is a file" if p.exists() else "no such directory"
+        raise InputError(f"model.path={str(p)!r}: {what} (a local Hugging Face model directory is expected)")
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise InputError(f"model.path={str(p)!r}: no config.json inside — is this a Hugging Face model directory?")
+    try:
+        data = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{cfg_file}: not valid JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise InputError(f"{cfg_file}: no \"model_type\" key; transformers cannot tell which architecture to build")
+    return data
+
+
+def check_tokenizer(tokenizer, embedding_rows: int | None, needs_template: str | None, where: str) -> None:
+    """The tokenizer's ids fit the embedding; a chat template exists when `needs_template` says why."""
+    if needs_template and getattr(tokenizer, "chat_template", None) is None:
+        raise InputError(f"{needs_template} renders prompts with a chat template, but the tokenizer of {where} has "
+                         "none: set data.chat=false, or use a chat model (or add chat_template to its tokenizer_config.json)")
+    n = len(tokenizer)
+    if embedding_rows is not None and n > embedding_rows:
+        raise InputError(f"{where}: the tokenizer has {n} tokens but the model's embedding has {embedding_rows} rows "
+                         "(ids past it would crash): use the tokenizer saved with this model")
+
+
+def check_model_path(cfg: TetherConfig, needs_template: str | None) -> None:
+    """config.json and the tokenizer of `model.path`, without loading the weights."""
+    p = Path(cfg.model.path)
+    data = _read_model_config(p)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"model.path={str(p)!r}: cannot load its tokenizer ({first})") from None
+    rows = data.get("vocab_size", data.get("text_config", {}).get("vocab_size"))
+    check_tokenizer(tokenizer, rows if isinstance(rows, int) else None, needs_template, f"model.path={str(p)!r}")
+
+
+def check_run_inputs(cfg: TetherConfig, run_dir: str | Path, kind: str) -> None:
+    """Everything about the user's input that can be checked before a model is built (see module doc)."""
+    check_run_dir(run_dir)
+    if kind in ("rl", "sft"):
+        check_steps(cfg, kind)
+    env_task = check_data(cfg)
+    if env_task and cfg.env.context.builder == "summary":
+        from tether.envs.context import load_summarizer
+
+        load_summarizer(cfg.env.context.summarizer)  # ConfigError: not importable / not a function
+    elif not env_task:
+        from tether.rewards.compose import build_reward_spec
+
+        build_reward_spec(cfg.reward)  # ConfigError / UnknownNameError: names, modules, kwargs
+    needs = "data.chat=true" if cfg.data.chat else (f"data.task={cfg.data.task}" if env_task else None)
+    if cfg.model.path:
+        check_model_path(cfg, needs)
+
+
+def check_data(cfg: TetherConfig) -> bool:
+    """Read or generate the problems as the recipe will (DataError names file:line for encoding,
+    JSON, missing keys, duplicate ids); returns whether the task is a multi-turn environment."""
+    from tether.tasks import TASKS, load_jsonl, make_splits
+
+    d = cfg.data
+    if d.task == "jsonl":
+        for path in (d.path, d.eval_path):
+            if path:
+                load_jsonl(path)
+        return False
+    env_task = False
+    if d.task not in TASKS or "tether.envs" in sys.modules:  # environments register their tasks on import (slow)
+        from tether.envs import is_env_task
+
+        env_task = is_env_task(d.task)
+    make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)  # UnknownNameError lists the tasks
+    return env_task
+
+
+def fit_prompts(problems: Sequence[dict[str, Any]], tokenizer, limit: int, chat: bool, on_overlong: str,
+                what: str) -> list[dict[str, Any]]:
+    """The problems whose prompt fits in `limit` tokens; the others are skipped with one warning
+    that counts them (`on_overlong="skip"`) or refused (`"error"`, and always when none fit)."""
+    from tether.rollout import encode_prompt
+
+    kept, over = [], []
+    for p in problems:
+        n = len(encode_prompt(tokenizer, p, chat))
+        (over if n > limit else kept).append((p, n))
+    if over:
+        (first, n) = over[0]
+        msg = (f"{len(over)} of {len(problems)} {what} prompts are longer than {limit} tokens "
+               f"(first: id {first.get('id')!r}, {n} tokens)")
+        if on_overlong == "error" or not kept:
+            raise InputError(f"{msg}: raise rollout.max_prompt_tokens, shorten the prompts, or set data.on_overlong=skip")
+        warnings.warn(f"{msg}: skipped (data.on_overlong=skip; set data.on_overlong=error to refuse)", stacklevel=2)
+    return [p for p, _ in kept]
+
+
+def compute_prompt_limit(cfg: TetherConfig, max_positions: int) -> int:
+    """Prompt tokens that fit: rollout.max_prompt_tokens, and the model's context minus the longest completion."""
+    new = max(cfg.rollout.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
+    room = max_positions - new
+    if room <= 0:
+        raise InputError(f"rollout/eval.sampling.max_new_tokens={new} leaves no room for a prompt in the model's "
+                         f"context of {max_positions} positions: lower max_new_tokens")
+    return min(cfg.rollout.max_prompt_tokens, room)

@@ -119,6 +119,8 @@ def check_data(cfg: TetherConfig) -> bool:
             if path:
                 load_jsonl(path)
         return False
+    if d.task == "hf":  # a `datasets` source: read by the recipe (tether.tasks.hf)
+        return False
     env_task = False
     if d.task not in TASKS or "tether.envs" in sys.modules:  # environments register their tasks on import (slow)
         from tether.envs import is_env_task

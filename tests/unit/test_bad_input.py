@@ -239,7 +239,8 @@ def test_context_overflow(tmp_path, overrides, fragment):
 
 def test_overlong_prompts_are_skipped_and_counted(tmp_path):
     long = '{"prompt": "' + "1+2+3+4+5+6+7+8+9=" * 8 + '", "answer": "45"}\n'
-    argv = jsonl(tmp_path, GOOD + long + GOOD.replace("1+1", "2+2"), "rollout.max_prompt_tokens=40", "train.steps=1")
+    argv = jsonl(tmp_path, GOOD + long + GOOD.replace("1+1", "2+2"), "rollout.max_prompt_tokens=40",
+                 f"data.eval_path={write(tmp_path / 'e.jsonl', GOOD)}")
     with pytest.warns(UserWarning) as caught:
         result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output

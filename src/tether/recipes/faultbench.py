@@ -190,10 +190,12 @@ def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int
     cases += [Case(f, sev, s, m) for f in faults for sev in severities if sev in get_fault_class(f).severities
               for s in seeds for m in modes if m == "advise" or not auto_remediable_only or get_fault_class(f).remediable]
 
-    def rank(c: Case) -> tuple:  # seed-major: a benchmark cut short still covers every fault once
+    order = {key: i for i, key in enumerate(dict.fromkeys((c.fault, c.severity) for c in cases))}
+
+    def rank(c: Case) -> tuple:  # seed-major, each case's modes together: a benchmark cut short covers every fault
         pool = seeds if c.fault else healthy_seeds
         k = pool.index(c.seed) * max(len(seeds), 1) // max(len(pool), 1) if c.seed in pool else 0
-        return (k, c.mode != "advise", bool(c.variant))
+        return (k, bool(c.variant), order[(c.fault, c.severity)], c.mode != "advise")
 
     return sorted(cases, key=rank)
 

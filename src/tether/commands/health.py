@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(2, help="runs in parallel (one thread each)"),
         smoke: bool = typer.Option(False, "--smoke", help="a 2-fault, 1-seed subset for tests (~1 minute)"),
         list_faults: bool = typer.Option(False, "--list", help="list the fault types and exit"),
+        score_only: bool = typer.Option(False, "--rescore", help="score the runs in OUT/cases.jsonl so far; run nothing"),
+        planned: Optional[int] = typer.Option(None, "--planned", help="with --rescore: runs planned (marks a partial result)"),
         extra: Optional[List[str]] = typer.Option(None, "--set", help="config overrides of the base run (key=value)"),
     ) -> None:
         """Inject faults into small RL runs and score detection, diagnosis and repair."""
@@ -80,6 +82,14 @@ def register(app: typer.Typer) -> None:
         if unknown:
             typer.echo(f"tether: error: unknown fault(s) {unknown}; see `tether faultbench --list`", err=True)
             raise typer.Exit(2)
+        if score_only:
+            from tether.recipes.faultbench import rescore
+
+            if not (out / "cases.jsonl").is_file():
+                typer.echo(f"tether: error: {out / 'cases.jsonl'}: no such file (run the benchmark first)", err=True)
+                raise typer.Exit(2)
+            typer.echo(format_results(rescore(out, start, planned)))
+            return
         variants = {}
         for v in variant or []:
             name, _, ov = v.partition("=")

@@ -254,6 +254,21 @@ def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str,
     return results
 
 
+def rescore(out: Path, start: int = 15, planned: int | None = None) -> dict[str, Any]:
+    """Scores from the cases finished so far (`out/cases.jsonl`), e.g. of a benchmark cut short;
+    written to `out/results.json` marked partial when fewer than `planned` runs are done."""
+    from tether.health.faults import get_fault_class
+
+    records = [json.loads(x) for x in (out / "cases.jsonl").read_text().splitlines() if x.strip()]
+    faults = sorted({r["case"]["fault"] for r in records if r["case"]["fault"]})
+    res = compute_results(records, {f: get_fault_class(f) for f in faults}, start)
+    res["partial"] = planned is not None and len(records) < planned
+    res["runs_done"], res["runs_planned"] = len(records), planned
+    res["cpu_seconds_runs"] = sum(r.get("cpu_seconds", 0.0) for r in records)
+    (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res
+
+
 def _collect(it, records, log_path, n, t0, progress) -> None:
     with open(log_path, "a") as fh:
         for i, rec in enumerate(it, 1):
@@ -384,5 +399,5 @@ def format_results(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BASE", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record",
+__all__ = ["BASE", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record", "rescore",
            "run_bench", "run_case"]

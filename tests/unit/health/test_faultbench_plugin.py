@@ -87,3 +87,14 @@ def test_user_fault_outside_the_tree_is_run_and_scored(tmp_path, monkeypatch):
     assert row["detected"] == 1  # answers nobody can give: flagged
     assert results["recall_obvious"] == 1.0 and results["recall_subtle"] is None
     assert results["diagnosis_top1"] is not None  # scored against the class's cause
+
+
+def test_rescore_marks_a_benchmark_cut_short_as_partial(tmp_path):
+    rec = lambda seed, alarm: {"id": Case(None, None, seed, "advise").id, "final_train_acc": 0.4,  # noqa: E731
+                               "case": {"fault": None, "severity": None, "seed": seed, "mode": "advise"},
+                               "first_alarm_step": alarm}
+    (tmp_path / "cases.jsonl").write_text("\n".join(json.dumps(rec(s, 7 if s == 0 else None)) for s in range(4)) + "\n")
+    res = CliRunner().invoke(app, ["faultbench", "--out", str(tmp_path), "--rescore", "--planned", "10"])
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "results.json").read_text())
+    assert out["partial"] is True and out["runs_done"] == 4 and out["false_alarm_rate"] == 0.25

@@ -26,91 +26,104 @@ SMOKE = {"faults": ["lr_spike", "group_mixing"], "severities": ("obvious",), "se
          "steps": 26, "start": 13}
 
 
+def doctor(
+    run_dir: Path = typer.Argument(..., help="a run directory (metrics.jsonl, health.jsonl)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
+) -> None:
+    """Health of a run: findings, ranked root causes with evidence, and repairs taken."""
+    from tether.health.doctor import examine, format_report
+
+    if not run_dir.is_dir():
+        typer.echo(f"tether: error: {run_dir}: not a directory", err=True)
+        raise typer.Exit(2)
+    try:
+        rep = examine(run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        typer.echo(f"tether: error: {err}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_report(rep))
+
+def faultbench(
+    out: Path = typer.Option(Path("runs/faultbench"), "--out", help="output directory (cases.jsonl, results.json)"),
+    fault: Optional[List[str]] = typer.Option(
+        None, "--fault", help="fault types to run (default: all): a name, package.module:Class or path/file.py:Class"),
+    mode: Optional[List[str]] = typer.Option(None, "--mode", help="advise and/or auto (default: both)"),
+    auto_remediable_only: bool = typer.Option(
+        False, "--auto-remediable-only", help="auto mode only for remediable faults and the healthy controls"),
+    healthy_only: bool = typer.Option(False, "--healthy-only", help="run the healthy controls only"),
+    variant: Optional[List[str]] = typer.Option(
+        None, "--variant", help="repeat the healthy controls under NAME=key=value[;key=value] (e.g. threads=run.threads=2)"),
+    severity: Optional[List[str]] = typer.Option(None, "--severity", help="subtle and/or obvious (default: both)"),
+    seeds: str = typer.Option("0,1", help="seeds of the faulty runs, e.g. 0,1 or 0-2"),
+    healthy_seeds: str = typer.Option("0-9", help="seeds of the healthy control runs"),
+    steps: int = typer.Option(40, help="RL steps per run"),
+    start: int = typer.Option(15, help="step at which faults start"),
+    workers: int = typer.Option(2, help="runs in parallel (one thread each)"),
+    smoke: bool = typer.Option(False, "--smoke", help="a 2-fault, 1-seed subset for tests (~1 minute)"),
+    list_faults: bool = typer.Option(False, "--list", help="list the fault types and exit"),
+    score_only: bool = typer.Option(False, "--rescore", help="score the runs in OUT/cases.jsonl so far; run nothing"),
+    planned: Optional[int] = typer.Option(None, "--planned", help="with --rescore: runs planned (marks a partial result)"),
+    extra: Optional[List[str]] = typer.Option(None, "--set", help="config overrides of the base run (key=value)"),
+) -> None:
+    """Inject faults into small RL runs and score detection, diagnosis and repair."""
+    from tether.recipes.faultbench import format_results, run_bench
+    from tether.health.faults import load_fault_plugins
+
+    registry = load_fault_plugins()
+    if list_faults:
+        for name, cls in sorted(registry.items(), key=lambda kv: (kv[1].family, kv[0])):
+            typer.echo(f"{cls.family:18s} {name:22s} cause={cls.cause:22s} seam={cls.seam:11s} "
+                       f"remediable={'yes' if cls.remediable else 'no '}  {(cls.__doc__ or '').split(chr(10))[0]}")
+        return
+    unknown = [f for f in fault or [] if f not in registry and ":" not in f]
+    if unknown:
+        typer.echo(f"tether: error: unknown fault(s) {unknown}; see `tether faultbench --list`", err=True)
+        raise typer.Exit(2)
+    if score_only:
+        from tether.recipes.faultbench import rescore
+
+        if not (out / "cases.jsonl").is_file():
+            typer.echo(f"tether: error: {out / 'cases.jsonl'}: no such file (run the benchmark first)", err=True)
+            raise typer.Exit(2)
+        typer.echo(format_results(rescore(out, start, planned)))
+        return
+    variants = _variants(variant or [])
+    kw = dict(faults=[] if healthy_only else (fault or None), severities=tuple(severity or ("subtle", "obvious")),
+              seeds=_seeds(seeds), healthy_seeds=_seeds(healthy_seeds), steps=steps, start=start, variants=variants,
+              modes=tuple(mode or ("advise", "auto")), auto_remediable_only=auto_remediable_only)
+    if smoke:
+        kw.update(SMOKE)
+    _check_faults(kw["faults"] or [])
+    res = run_bench(out, workers=workers, extra=list(extra or []), progress=typer.echo, **kw)
+    typer.echo("")
+    typer.echo(format_results(res))
+    typer.echo(f"\nwrote {out / 'results.json'}")
+
+
+def _variants(specs: list[str]) -> dict[str, list[str]]:
+    """--variant NAME=key=value[;key=value] -> {NAME: [overrides]} (exit 2 on a malformed one)."""
+    out = {}
+    for v in specs:
+        name, _, ov = v.partition("=")
+        if not name or "=" not in ov:
+            typer.echo(f"tether: error: --variant {v!r}: expected NAME=key=value[;key=value]", err=True)
+            raise typer.Exit(2)
+        out[name] = [x.strip() for x in ov.split(";") if x.strip()]
+    return out
+
+
+def _check_faults(names: list[str]) -> None:
+    """Import every fault (user modules included) before any run: a bad spec is a one-line error."""
+    from tether.health.faults import get_fault_class
+
+    try:
+        for f in names:
+            get_fault_class(f)
+    except (ValueError, ImportError, SyntaxError) as err:
+        typer.echo(f"tether: error: --fault: {err}", err=True)
+        raise typer.Exit(2)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def doctor(
-        run_dir: Path = typer.Argument(..., help="a run directory (metrics.jsonl, health.jsonl)"),
-        as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
-    ) -> None:
-        """Health of a run: findings, ranked root causes with evidence, and repairs taken."""
-        from tether.health.doctor import examine, format_report
-
-        if not run_dir.is_dir():
-            typer.echo(f"tether: error: {run_dir}: not a directory", err=True)
-            raise typer.Exit(2)
-        try:
-            rep = examine(run_dir)
-        except (FileNotFoundError, ValueError) as err:
-            typer.echo(f"tether: error: {err}", err=True)
-            raise typer.Exit(1)
-        typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_report(rep))
-
-    @app.command()
-    def faultbench(
-        out: Path = typer.Option(Path("runs/faultbench"), "--out", help="output directory (cases.jsonl, results.json)"),
-        fault: Optional[List[str]] = typer.Option(
-            None, "--fault", help="fault types to run (default: all): a name, package.module:Class or path/file.py:Class"),
-        mode: Optional[List[str]] = typer.Option(None, "--mode", help="advise and/or auto (default: both)"),
-        auto_remediable_only: bool = typer.Option(
-            False, "--auto-remediable-only", help="auto mode only for remediable faults and the healthy controls"),
-        healthy_only: bool = typer.Option(False, "--healthy-only", help="run the healthy controls only"),
-        variant: Optional[List[str]] = typer.Option(
-            None, "--variant", help="repeat the healthy controls under NAME=key=value[;key=value] (e.g. threads=run.threads=2)"),
-        severity: Optional[List[str]] = typer.Option(None, "--severity", help="subtle and/or obvious (default: both)"),
-        seeds: str = typer.Option("0,1", help="seeds of the faulty runs, e.g. 0,1 or 0-2"),
-        healthy_seeds: str = typer.Option("0-9", help="seeds of the healthy control runs"),
-        steps: int = typer.Option(40, help="RL steps per run"),
-        start: int = typer.Option(15, help="step at which faults start"),
-        workers: int = typer.Option(2, help="runs in parallel (one thread each)"),
-        smoke: bool = typer.Option(False, "--smoke", help="a 2-fault, 1-seed subset for tests (~1 minute)"),
-        list_faults: bool = typer.Option(False, "--list", help="list the fault types and exit"),
-        score_only: bool = typer.Option(False, "--rescore", help="score the runs in OUT/cases.jsonl so far; run nothing"),
-        planned: Optional[int] = typer.Option(None, "--planned", help="with --rescore: runs planned (marks a partial result)"),
-        extra: Optional[List[str]] = typer.Option(None, "--set", help="config overrides of the base run (key=value)"),
-    ) -> None:
-        """Inject faults into small RL runs and score detection, diagnosis and repair."""
-        from tether.recipes.faultbench import format_results, run_bench
-        from tether.health.faults import load_fault_plugins
-
-        registry = load_fault_plugins()
-        if list_faults:
-            for name, cls in sorted(registry.items(), key=lambda kv: (kv[1].family, kv[0])):
-                typer.echo(f"{cls.family:18s} {name:22s} cause={cls.cause:22s} seam={cls.seam:11s} "
-                           f"remediable={'yes' if cls.remediable else 'no '}  {(cls.__doc__ or '').split(chr(10))[0]}")
-            return
-        unknown = [f for f in fault or [] if f not in registry and ":" not in f]
-        if unknown:
-            typer.echo(f"tether: error: unknown fault(s) {unknown}; see `tether faultbench --list`", err=True)
-            raise typer.Exit(2)
-        if score_only:
-            from tether.recipes.faultbench import rescore
-
-            if not (out / "cases.jsonl").is_file():
-                typer.echo(f"tether: error: {out / 'cases.jsonl'}: no such file (run the benchmark first)", err=True)
-                raise typer.Exit(2)
-            typer.echo(format_results(rescore(out, start, planned)))
-            return
-        variants = {}
-        for v in variant or []:
-            name, _, ov = v.partition("=")
-            if not name or "=" not in ov:
-                typer.echo(f"tether: error: --variant {v!r}: expected NAME=key=value[;key=value]", err=True)
-                raise typer.Exit(2)
-            variants[name] = [x.strip() for x in ov.split(";") if x.strip()]
-        kw = dict(faults=[] if healthy_only else (fault or None), severities=tuple(severity or ("subtle", "obvious")),
-                  seeds=_seeds(seeds), healthy_seeds=_seeds(healthy_seeds), steps=steps, start=start, variants=variants,
-                  modes=tuple(mode or ("advise", "auto")), auto_remediable_only=auto_remediable_only)
-        if smoke:
-            kw.update(SMOKE)
-        try:
-            from tether.health.faults import get_fault_class
-
-            for f in kw["faults"] or []:
-                get_fault_class(f)  # imports user modules; a bad spec is a one-line error
-        except (ValueError, ImportError, SyntaxError) as err:
-            typer.echo(f"tether: error: --fault: {err}", err=True)
-            raise typer.Exit(2)
-        res = run_bench(out, workers=workers, extra=list(extra or []), progress=typer.echo, **kw)
-        typer.echo("")
-        typer.echo(format_results(res))
-        typer.echo(f"\nwrote {out / 'results.json'}")
+    app.command()(doctor)
+    app.command()(faultbench)

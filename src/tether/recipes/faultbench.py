@@ -292,14 +292,20 @@ def _rate(hits: list[bool]) -> float | None:
     return sum(hits) / len(hits) if hits else None
 
 
+def _variant_false_alarms(records: list[dict]) -> dict[str, Any]:
+    """False alarms of the healthy controls repeated under each variant (precision, threads)."""
+    fa: dict[str, list[bool]] = {}
+    for r in records:
+        if r["case"]["fault"] is None and r["case"].get("variant"):
+            fa.setdefault(r["case"]["variant"], []).append(r.get("first_alarm_step") is not None)
+    return {"false_alarm_rate_variants": {v: _rate(x) for v, x in sorted(fa.items())},
+            "false_alarm_runs_variants": {v: len(x) for v, x in sorted(fa.items())}}
+
+
 def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
     ok = [r for r in records if "error" not in r]
     by = {r["id"]: r for r in ok}
     healthy = [r for r in ok if r["case"]["fault"] is None and not r["case"].get("variant")]
-    variant_fa: dict[str, list[bool]] = {}
-    for r in ok:
-        if r["case"]["fault"] is None and r["case"].get("variant"):
-            variant_fa.setdefault(r["case"]["variant"], []).append(r.get("first_alarm_step") is not None)
     h_adv = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "advise"}
     h_auto = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "auto"}
     h_scores = [r["final_train_acc"] for r in h_adv.values()]
@@ -363,8 +369,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         "recall_obvious": _rate(det["obvious"]), "recall_subtle": _rate(det["subtle"]),
         "false_alarm_rate": _rate([r.get("first_alarm_step") is not None for r in h_adv.values()]),
         "false_alarm_runs": len(h_adv),
-        "false_alarm_rate_variants": {v: _rate(x) for v, x in sorted(variant_fa.items())},
-        "false_alarm_runs_variants": {v: len(x) for v, x in sorted(variant_fa.items())},
+        **_variant_false_alarms(ok),
         "false_alarm_rate_prefault": _rate([r.get("alarms_before_start", 0) > 0 for r in faulty]),
         "steps_to_detect_median": statistics.median(delays) if delays else None,
         "diagnosis_top1": _rate(top1), "diagnosis_top3": _rate(top3), "diagnosis_family_top1": _rate(fam1),

@@ -185,6 +185,12 @@ def collect_harness_groups(st: Any, cfg: Any) -> tuple[list[TrajectoryGroup], di
     h, r = cfg.harness, cfg.rollout
     rollout = HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed)
     groups, metrics = rollout.run(st.policy, st.stream.next_batch(r.problems_per_step), r.n, r.sampling, st.generator)
+    if metrics["harness/error_rate"] > cfg.env.max_error_rate:  # systematic: stop and name the cause (rule 9)
+        from tether.envs.runner import EnvFailure
+
+        first = next(t.reward.error for g in groups for t in g.trajectories if t.reward.outcome is not Outcome.OK)
+        raise EnvFailure(f"harness: {metrics['harness/error_rate']:.0%} of the agent runs failed (env.max_error_rate="
+                         f"{cfg.env.max_error_rate:g}); first: {first}")
     metrics.update(compute_rollout_stats(groups))
     _, fm = select_informative_groups(groups, cfg.algo.dynamic_sampling)
     metrics["frac_zero_variance_groups"] = fm["frac_zero_variance"]

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from tether.errors import InputError
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
 from tether.envs.tools import Tool, run_tool_turn
 from tether.policy.chat import Message
@@ -35,7 +36,7 @@ _LOCK = threading.Lock()
 
 def _server_key(spec: Mapping[str, Any]) -> str:
     if not isinstance(spec, Mapping) or not spec.get("command"):
-        raise ValueError(f"data.task_kwargs.servers: each server needs a 'command' (and optional args, env, cwd), "
+        raise InputError(f"data.task_kwargs.servers: each server needs a 'command' (and optional args, env, cwd), "
                          f"got {spec!r}")
     return json.dumps({k: spec.get(k) for k in ("command", "args", "env", "cwd")}, sort_keys=True)
 
@@ -55,7 +56,7 @@ def get_mcp_tools(servers: Sequence[Mapping[str, Any]]) -> tuple[Tool, ...]:
             tools.extend(_SERVERS[key].tools)
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
-        raise ValueError(f"MCP servers expose the same tool name twice: {sorted(names)}")
+        raise InputError(f"MCP servers expose the same tool name twice: {sorted(names)}")
     return tuple(tools)
 
 
@@ -95,13 +96,13 @@ def _rows(kw: Mapping[str, Any]) -> list[dict[str, Any]]:
 
         return load_jsonl(problems)
     if not problems:
-        raise ValueError("data.task=mcp needs data.task_kwargs.problems (a JSONL path or a list of {prompt, answer})")
+        raise InputError("data.task=mcp needs data.task_kwargs.problems (a JSONL path or a list of {prompt, answer})")
     return [dict(p) for p in problems]
 
 
 def make_mcp_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
     if not kw.get("servers"):
-        raise ValueError("data.task=mcp needs data.task_kwargs.servers=[{command: ..., args: [...]}]")
+        raise InputError("data.task=mcp needs data.task_kwargs.servers=[{command: ..., args: [...]}]")
     for spec in kw["servers"]:
         _server_key(spec)
     rows = _rows(kw)

@@ -27,6 +27,7 @@ import urllib.request
 import uuid
 from typing import Any, Mapping
 
+from tether.errors import InputError
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
 from tether.policy.chat import Message
 
@@ -94,7 +95,7 @@ def make_openenv_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[st
     """One episode of the server at `kw["url"]`; the seed varies per episode (the prompt names it,
     so that held-out seeds differ from training seeds)."""
     if not kw.get("url"):
-        raise ValueError("data.task=openenv needs data.task_kwargs.url (the OpenEnv server, e.g. http://127.0.0.1:8000)")
+        raise InputError("data.task=openenv needs data.task_kwargs.url (the OpenEnv server, e.g. http://127.0.0.1:8000)")
     seed = rng.randrange(2**31)
     keys = ("url", "action_key", "observation_key", "system", "timeout_s")
     return {"id": f"openenv-{i}", "prompt": f"openenv episode, seed {seed}", "answer": "", "seed": seed,

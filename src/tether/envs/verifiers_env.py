@@ -34,6 +34,7 @@ import json
 import random
 from typing import Any, Mapping
 
+from tether.errors import InputError
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
 from tether.policy.chat import Message
 
@@ -50,17 +51,17 @@ def _load(ref: str, args_json: str) -> Any:
     try:
         module = importlib.import_module(module_name.replace("-", "_"))
     except ImportError as err:
-        raise ValueError(f"data.task_kwargs.env={ref!r}: cannot import {module_name!r} ({err})") from None
+        raise InputError(f"data.task_kwargs.env={ref!r}: cannot import {module_name!r} ({err})") from None
     fn = getattr(module, fn_name or "load_environment", None)
     if not callable(fn):
-        raise ValueError(f"data.task_kwargs.env={ref!r}: {module_name} has no function {fn_name or 'load_environment'!r}")
+        raise InputError(f"data.task_kwargs.env={ref!r}: {module_name} has no function {fn_name or 'load_environment'!r}")
     return fn(**json.loads(args_json))
 
 
 def load_verifiers_env(ref: str | None, args: Mapping[str, Any] | None = None) -> Any:
     """The environment `ref` names, loaded once per process per (ref, args)."""
     if not ref:
-        raise ValueError("data.task=verifiers needs data.task_kwargs.env (a module with load_environment, "
+        raise InputError("data.task=verifiers needs data.task_kwargs.env (a module with load_environment, "
                          "or package.module:function)")
     return _load(str(ref), json.dumps(dict(args or {}), sort_keys=True))
 
@@ -77,7 +78,7 @@ def _rubric(env: Any) -> list[tuple[Any, float]]:
     funcs = list(getattr(rubric, "funcs", None) or getattr(rubric, "reward_funcs", None) or [])
     weights = list(getattr(rubric, "weights", None) or getattr(rubric, "reward_weights", None) or [1.0] * len(funcs))
     if not funcs:
-        raise ValueError(f"{type(env).__name__}: the environment's rubric has no reward functions")
+        raise InputError(f"{type(env).__name__}: the environment's rubric has no reward functions")
     return list(zip(funcs, weights))
 
 
@@ -139,7 +140,7 @@ def make_verifiers_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[
     split = kw.get("split", "dataset")
     rows = getattr(env, split, None)
     if rows is None or len(rows) == 0:
-        raise ValueError(f"verifiers environment {kw['env']!r} has no rows in {split!r}")
+        raise InputError(f"verifiers environment {kw['env']!r} has no rows in {split!r}")
     k = rng.randrange(len(rows))
     msgs = _prompt_messages(env, rows[k])
     return {"id": f"vf-{i}", "prompt": msgs[-1]["content"], "answer": str(rows[k].get("answer", "")), "row": k,

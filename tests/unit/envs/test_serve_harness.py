@@ -170,3 +170,20 @@ def test_tether_train_with_a_harness_command(tmp_path):
     trained = [row for row in rows if "pg_loss" in row]
     assert [row["step"] for row in trained] == [1, 2]
     assert all(row["harness/calls_mean"] == 2.0 and row["harness/error_rate"] == 0.0 for row in trained)
+
+
+@pytest.mark.slow
+def test_a_harness_that_always_fails_stops_the_run_naming_the_cause(tmp_path):
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    cfg = tmp_path / "h.yaml"
+    cfg.write_text(f"harness:\n  command: [{sys.executable!r}, '-c', 'import sys; sys.exit(7)']\n")
+    tiny = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64", "logging.progress=false", "logging.tensorboard=false", "run.threads=1",
+            "checkpoint.every=0", "data.task=arith", "data.train_size=8", "data.eval_size=2", "train.steps=1",
+            "eval.samples=1", "rollout.problems_per_step=1", "rollout.n=2", "rollout.sampling.max_new_tokens=2",
+            "eval.sampling.max_new_tokens=2", "reward.isolation=inline"]
+    r = CliRunner().invoke(app, ["train", str(cfg), *tiny, "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 1 and "harness: 100% of the agent runs failed" in r.output and "exited with 7" in r.output

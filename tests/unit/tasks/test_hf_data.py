@@ -91,14 +91,14 @@ def test_malformed_and_missing_keys_through_the_cli(tmp_path):
     datasets.Dataset.from_list(_verl_rows(4)).to_parquet(str(bad))
     r = runner.invoke(app, ["train", str(_config(tmp_path)), *TINY, "data.task=hf", f"data.path={bad}",
                             "data.prompt_key=question", "--run-dir", str(tmp_path / "r1")])
-    assert r.exit_code != 0 and "tether: error" in r.output, r.output
+    assert r.exit_code == 2 and "tether: error" in r.output, r.output
     assert f"{bad}: no column 'question' (available keys: ['ability', 'data_source', 'extra_info', 'prompt', " \
            "'reward_model'])" in r.output
     jl = tmp_path / "bad.jsonl"
     jl.write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n" + json.dumps({"prompt": 5, "answer": 1}) + "\n")
     r = runner.invoke(app, ["train", str(_config(tmp_path)), *TINY, "data.task=hf", f"data.path={jl}",
                             "--run-dir", str(tmp_path / "r2")])
-    assert r.exit_code != 0 and f"{jl}: row 1: the prompt (prompt) must be a string or a list of chat messages" \
+    assert r.exit_code == 2 and f"{jl}: row 1: the prompt (prompt) must be a string or a list of chat messages" \
         in r.output, r.output
     assert "Traceback" not in r.output
 

@@ -22,6 +22,11 @@ from tether.types import Outcome  # noqa: E402
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate arithmetic",
                                            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
 SAMPLING = SamplingConfig(max_new_tokens=8)
+TINY_RUN = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64", "logging.progress=false", "logging.tensorboard=false", "run.threads=1",
+            "checkpoint.every=0", "data.task=arith", "data.train_size=16", "data.eval_size=2", "eval.samples=1",
+            "rollout.problems_per_step=1", "rollout.n=2", "rollout.sampling.max_new_tokens=4",
+            "eval.sampling.max_new_tokens=4", "reward.isolation=inline"]
 
 
 @pytest.fixture(scope="module")
@@ -158,13 +163,8 @@ def test_tether_train_with_a_harness_command(tmp_path):
     agent.write_text(textwrap.dedent(AGENT))
     cfg = tmp_path / "h.yaml"
     cfg.write_text(f"harness:\n  command: [{sys.executable!r}, {str(agent)!r}]\n  concurrency: 4\n")
-    tiny = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
-            "model.tiny.intermediate_size=64", "logging.progress=false", "logging.tensorboard=false", "run.threads=1",
-            "checkpoint.every=0", "data.task=arith", "data.train_size=16", "data.eval_size=2", "train.steps=2",
-            "eval.samples=1", "rollout.problems_per_step=1", "rollout.n=2", "rollout.sampling.max_new_tokens=4",
-            "eval.sampling.max_new_tokens=4", "reward.isolation=inline"]
     rd = tmp_path / "run"
-    r = CliRunner().invoke(app, ["train", str(cfg), *tiny, "--run-dir", str(rd)])
+    r = CliRunner().invoke(app, ["train", str(cfg), *TINY_RUN, "train.steps=2", "--run-dir", str(rd)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
     trained = [row for row in rows if "pg_loss" in row]
@@ -180,10 +180,5 @@ def test_a_harness_that_always_fails_stops_the_run_naming_the_cause(tmp_path):
 
     cfg = tmp_path / "h.yaml"
     cfg.write_text(f"harness:\n  command: [{sys.executable!r}, '-c', 'import sys; sys.exit(7)']\n")
-    tiny = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-            "model.tiny.intermediate_size=64", "logging.progress=false", "logging.tensorboard=false", "run.threads=1",
-            "checkpoint.every=0", "data.task=arith", "data.train_size=8", "data.eval_size=2", "train.steps=1",
-            "eval.samples=1", "rollout.problems_per_step=1", "rollout.n=2", "rollout.sampling.max_new_tokens=2",
-            "eval.sampling.max_new_tokens=2", "reward.isolation=inline"]
-    r = CliRunner().invoke(app, ["train", str(cfg), *tiny, "--run-dir", str(tmp_path / "run")])
+    r = CliRunner().invoke(app, ["train", str(cfg), *TINY_RUN, "train.steps=1", "--run-dir", str(tmp_path / "run")])
     assert r.exit_code == 1 and "harness: 100% of the agent runs failed" in r.output and "exited with 7" in r.output

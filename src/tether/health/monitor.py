@@ -56,8 +56,15 @@ def build_context(cfg: Any) -> RunContext:
     comps, r = cfg.reward.components, cfg.rollout
     return RunContext(cfg.reward.correctness or (comps[0].name if comps else None),
                       {c.name: float(c.weight) for c in comps}, cfg.health.max_staleness, rollout_n=int(r.n),
-                      advantage=cfg.algo.advantage.name, distinct_tasks=cfg.data.train_size >= 2 * r.problems_per_step,
+                      advantage=_estimator(cfg.algo.advantage), distinct_tasks=cfg.data.train_size >= 2 * r.problems_per_step,
                       sequences_filtered=any(v != "keep" for v in cfg.algo.compact_filter.values()))
+
+
+def _estimator(adv: Any) -> str:
+    """The estimator's name; a per-task whitening on top (`task_norm`) makes it another estimator
+    (group means are no longer 0), so the name says so and the group-relative checks skip it."""
+    norm = getattr(adv, "task_norm", "none")
+    return adv.name if norm == "none" else f"{adv.name}+{norm}_norm"
 
 
 class NullMonitor:

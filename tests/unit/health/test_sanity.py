@@ -166,3 +166,14 @@ def test_unknown_cause_when_two_fingerprints_tie():
     assert {e["detector"] for e in hyps[0].evidence} == {"stall", "error_surge", "data_shift", "truncation"}
     assert hyps[1].cause != "unknown"
     assert diagnose([b])[0].cause == "reward_failures"  # one clear fingerprint: named
+
+
+def test_task_normalised_advantages_are_not_checked_as_group_relative():
+    from tether.config import TetherConfig
+    from tether.health.monitor import build_context
+
+    cfg = TetherConfig()
+    assert build_context(cfg).advantage == "grpo"
+    cfg.algo.advantage.task_norm = "task"
+    ctx = build_context(cfg)
+    assert first(run(lambda r, s: r.update({"advantage/group_mean_max": 0.3}), ctx=ctx), "advantage_invariants") is None

@@ -2,7 +2,9 @@
 
 Deliberate simplifications:
 - demonstrations come from the task's scripted expert (or a JSONL "completion" field); there is
-  no packing — sequences are short and micro-batches are sized by a token budget instead;
+  no packing — sequences are short and micro-batches are sized by a token budget instead; the
+  batch's common prefix (system prompt, tool schemas) runs once when that saves positions
+  (`train.share_prefix`, tether.policy.prefix: the same log-probs);
 - the loss is the token-mean negative log-likelihood of completion tokens (prompt tokens and
   padding are masked by lengths), normalised by `agg_loss` like every other loss in tether;
 - the final model is saved as a Hugging Face directory (`final_model/`) that `model.path=` loads.
@@ -27,7 +29,8 @@ from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_c
 from tether.io.run_dir import make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
-from tether.policy.hf import HFPolicy, compute_logprobs
+from tether.policy.hf import HFPolicy
+from tether.policy.prefix import compute_sequence_logprobs
 from tether.recipes.common import (
     graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
 )
@@ -116,7 +119,10 @@ def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cf
         rows = torch.tensor(idx)
         am = padded.attention_mask_BT[rows]
         T = int(am.sum(-1).max())
-        logp, _ = compute_logprobs(policy, padded.input_ids_BT[rows, :T], am[:, :T])
+        # every demonstration may share the batch's common prefix (a system prompt, tool schemas): computed
+        # once when that runs fewer positions (tether.policy.prefix; same log-probs), else padded rows
+        logp, _ = compute_sequence_logprobs(policy, padded.input_ids_BT[rows, :T], am[:, :T], torch.zeros(len(idx), dtype=torch.long),
+                                            pack=False, share=cfg.train.share_prefix)
         mask = padded.loss_mask_BT[rows, :T].to(logp.device)
         loss = agg_loss(-logp, mask, "token_mean", norm)
         loss.backward()

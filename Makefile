@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_AUTH_MODE := disabled
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo test test-fast bench bench-quick install clean
 
 install: $(STAMP)
 
@@ -45,6 +45,13 @@ test-fast: $(STAMP)
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
+
+# the regression guard (~2-3 min): small model, tether (defaults) vs TRL (fp32) in one sitting; exits 1 if the
+# tether/TRL s/step ratio is > 15% worse than benchmarks/results/baseline_quick.json for this CPU class.
+# Refresh the baseline: make bench-quick BENCH_QUICK_ARGS=--update (docs/performance.md)
+BENCH_QUICK_ARGS ?=
+bench-quick: $(STAMP)
+	$(PY) benchmarks/bench_quick.py $(BENCH_QUICK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -127,6 +127,9 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
         return run
 
     arms = {"fp32 padded": arm(sdpa, False), "fp32 packed": arm(sdpa, False, pack=True),
+            # without native bf16 (AVX2) the fp32 paths are the defaults: does the lean forward pay there too?
+            "fp32 prefix-shared, suffix length buckets": arm(sdpa, False, shared=True),
+            "fp32 prefix-shared, buckets, lean forward": arm(sdpa, False, shared=True, lean="eager"),
             "bf16 padded, stock sdpa": arm(sdpa, True), "bf16 padded, tether attention": arm(fast, True),
             "bf16 packed, tether attention": arm(fast, True, pack=True),
             "bf16 prefix-shared, one padded suffix forward": arm(fast, True, shared=True, buckets=False),

@@ -115,6 +115,8 @@ def run_tether(spec: dict) -> dict:
     policy = load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
     policy.model.train()
     st = RLState(cfg, policy, train)
+    if spec.get("slowdown_s"):  # bench_quick.py --slowdown: a deliberately slowed build, to show the guard fail
+        _slow_down_update(spec["slowdown_s"])
     steps = []
     for _ in range(spec["warmup"] + spec["steps"]):
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -129,6 +131,19 @@ def run_tether(spec: dict) -> dict:
         rec["positions"] = metrics["train/positions"]
         steps.append(rec)
     return {"steps": steps, "threads": torch.get_num_threads(), "model": policy.model}
+
+
+def _slow_down_update(seconds: float) -> None:
+    """Add `seconds` of sleep to every tether update (this process only; for the guard's demonstration)."""
+    import tether.recipes.rl as rl
+
+    update = rl.run_update
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return update(*args, **kwargs)
+
+    rl.run_update = slowed
 
 
 # ----------------------------------------------------------------------------- TRL

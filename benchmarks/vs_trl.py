@@ -11,11 +11,14 @@ What is compared (bench_workers.py holds the two sides):
 - runs alternate (tether, TRL, tether at TRL's precision, again ...) in fresh processes (peak RSS
   per framework); each run does 1 warm-up step then `--steps` timed steps; figures are medians
   over the runs of each run's median; `--warmup-rounds` adds discarded rounds;
-- tether runs with bf16 autocast by default (`--precision`), TRL in fp32 (`--trl-precision`, its
-  CPU setting in machine.md); the third arm is tether in TRL's precision, so both comparisons show;
-  the fourth is tether with `train.compile=true` (its decoder layers through torch.compile; the
-  compilation falls in each run's warm-up step, and later processes reuse inductor's on-disk
-  cache). The headline ratios are tether's default settings against TRL's defaults.
+- tether runs with its defaults (`--precision auto`: bf16 autocast only where the CPU does bf16
+  natively, tether.hardware); TRL runs in fp32 and in bf16 (`GRPOConfig(bf16=True, use_cpu=True)`:
+  autocast through accelerate), and TRL-best is whichever is faster in this run; tether also runs
+  at every precision TRL ran at (the same-precision pairs) and with `train.compile=true` (the
+  compilation falls in each run's warm-up step; later processes reuse inductor's on-disk cache).
+  An arm more than `--slow-factor` x slower than its framework's fastest in the first round (bf16
+  without native bf16) runs once. The headline is tether-best / TRL-best; every row names its
+  precision, and the machine's CPU model, class and flags are in the result's `machine`.
 
 Accounting (every figure says how far it is from this machine's limit, measured in each run):
 - training FLOPs = 6 * params * tokens + 6 * layers * hidden * sum(L^2) (causal attention),
@@ -61,14 +64,9 @@ def machine_description(threads: int) -> dict:
     import torch
     import transformers
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from tether import hardware
+
+    cpu = hardware.cpu_info()
     try:
         import trl
 
@@ -76,9 +74,11 @@ def machine_description(threads: int) -> dict:
     except ImportError:
         trl_v = None
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl_v, "threads": threads,
-            "load_avg_start": list(os.getloadavg()), "date": _dt.date.today().isoformat()}
+    return {"cpu": cpu["model"], "cpu_class": hardware.cpu_class(cpu), "cpu_flags": cpu["flags"],
+            "native_bf16": hardware.cpu_native_bf16(cpu), "cores": os.cpu_count(), "memory_gb": round(mem, 1),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "trl": trl_v, "threads": threads, "load_avg_start": list(os.getloadavg()),
+            "date": _dt.date.today().isoformat()}
 
 
 def build_model_dir(size: str, out: Path) -> Path:
@@ -172,50 +172,97 @@ def summarize(runs: list[dict], warmup: int) -> dict:
     return out
 
 
+def default_precision() -> str:
+    """What tether's `model.autocast_bf16=auto` picks on this machine (tether.hardware)."""
+    from tether.hardware import resolve_autocast
+
+    return "bf16" if resolve_autocast("auto", "cpu") else "fp32"
+
+
 def arms(args) -> list[tuple[str, str, str, list[str]]]:
-    """(name, framework, precision, tether overrides): tether as configured, TRL, tether at TRL's
-    precision, and tether with its compiled training forward (`train.compile=true`)."""
-    out = [("tether", "tether", args.precision, []), ("trl", "trl", args.trl_precision, [])]
-    if args.match_precision and args.precision != args.trl_precision:
-        out.append((f"tether_{args.trl_precision}", "tether", args.trl_precision, []))
+    """(name, framework, precision, tether overrides): tether with its defaults (precision `auto`),
+    TRL at each precision asked for (TRL-best is the faster of them, chosen in this run), tether at
+    every other precision TRL runs at (the same-precision pairs), and tether with its compiled
+    training forward (`train.compile=true`)."""
+    mine = args.precision if args.precision != "auto" else default_precision()
+    trl = ["fp32", "bf16"] if args.trl_precision == "both" else [args.trl_precision]
+    out = [("tether", "tether", mine, [])] + [(f"trl_{p}", "trl", p, []) for p in trl]
+    if args.match_precision:
+        out += [(f"tether_{p}", "tether", p, []) for p in trl if p != mine]
     if args.compiled_arm:
-        out.append(("tether_compiled", "tether", args.precision, ["train.compile=true"]))
+        out.append(("tether_compiled", "tether", mine, ["train.compile=true"]))
+    return out
+
+
+def compare_arms(summ: dict, prec: dict) -> dict:
+    """Headline and same-precision ratios from per-arm summaries (`summ[name]["s_per_step"]`) and
+    the arms' precisions: tether-best / TRL-best (each framework's fastest arm in this run), tether
+    (defaults) / TRL-best, and tether (p) / TRL (p) for every precision both ran."""
+    def best(fw):
+        names = [n for n in summ if (n == "trl" or n.startswith("trl_")) == (fw == "trl")]
+        return min(names, key=lambda n: summ[n]["s_per_step"])
+
+    tb, lb = best("tether"), best("trl")
+    ratio = lambda a, b, k="s_per_step": summ[a][k] / summ[b][k]  # noqa: E731
+    out = {"tether_best": tb, "trl_best": lb, "tether_best_precision": prec[tb], "trl_best_precision": prec[lb],
+           "s_per_step_ratio_best": ratio(tb, lb), "peak_rss_ratio_best": ratio(tb, lb, "peak_rss_mb"),
+           "s_per_step_ratio": ratio("tether", lb), "peak_rss_ratio": ratio("tether", lb, "peak_rss_mb"),
+           "rollout_tokens_per_s_ratio": ratio("tether", lb, "rollout_tokens_per_s"),
+           "train_tokens_per_s_ratio": ratio("tether", lb, "train_tokens_per_s"), "same_precision": {}}
+    for p in sorted(set(prec.values())):
+        mine = "tether" if prec["tether"] == p else f"tether_{p}"
+        if mine in summ and f"trl_{p}" in summ:
+            out["same_precision"][p] = {"s_per_step_ratio": ratio(mine, f"trl_{p}"),
+                                        "peak_rss_ratio": ratio(mine, f"trl_{p}", "peak_rss_mb"), "arms": [mine, f"trl_{p}"]}
+    return out
+
+
+def _slow_arms(first: dict[str, float], plan, factor: float) -> dict[str, str]:
+    """Arms whose first run took more than `factor` x their framework's fastest arm: run once only
+    (bf16 autocast on a CPU without native bf16 is ~10x slower than fp32; repeating it buys nothing)."""
+    out = {}
+    for name, fw, prec, _ in plan:
+        fastest = min(v for n, v in first.items() if dict((a[0], a[1]) for a in plan)[n] == fw)
+        if first[name] > factor * fastest:
+            out[name] = f"{first[name]:.1f} s/step in its first run, > {factor:g}x {fw}'s fastest arm ({fastest:.1f}): run once"
     return out
 
 
 def speed_size(size: str, args, work: Path) -> dict:
     """Runs of every arm, alternating (A B C A B C ...), each in a fresh process."""
     model_dir = build_model_dir(size, work / f"model-{size}")
-    runs = {name: [] for name, *_ in arms(args)}
-    extra = {}
+    plan = arms(args)
+    runs = {name: [] for name, *_ in plan}
+    extra, once = {}, {}
     rounds = args.warmup_rounds + args.runs
     for r in range(rounds):
-        for name, fw, prec, overrides in arms(args):
+        first = {}
+        for name, fw, prec, overrides in plan:
+            if name in once:
+                continue
             spec = base_spec(fw, model_dir, prec, args.threads, r)
-            spec.update(steps=args.steps, account=True, tether_overrides=overrides)
+            spec.update(steps=args.steps, account=True, tether_overrides=overrides, slowdown_s=args.slowdown)
             res = run_worker(spec, work)
-            counted = r >= args.warmup_rounds
+            counted = r >= args.warmup_rounds or r == 0 and args.slow_factor > 0
             if counted:
                 runs[name].append(res)
             if res.get("trl_sampling"):
                 extra["trl_sampling"] = res["trl_sampling"]
             s = summarize_run(res, spec["warmup"])
-            print(f"  [{size}] run {r + 1}/{rounds}{'' if counted else ' (warm-up)'} {name:12s} {s['s_per_step']:.2f} s/step "
+            first[name] = s["s_per_step"]
+            print(f"  [{size}] run {r + 1}/{rounds}{'' if counted else ' (warm-up)'} {name:16s} {s['s_per_step']:.2f} s/step "
                   f"(gen {s['gen_s']:.2f} s, train {s['train_s']:.2f} s, rss {s['peak_rss_mb']:.0f} MB)", flush=True)
+        if r == 0 and args.slow_factor > 0:
+            once = _slow_arms(first, plan, args.slow_factor)
+            for name, why in once.items():
+                print(f"  [{size}] {name}: {why}", flush=True)
+            if args.warmup_rounds:  # round 0 was a warm-up for the others: drop it there
+                runs = {n: rs if n in once else rs[1:] for n, rs in runs.items()}
     summ = {name: summarize(rs, 1) for name, rs in runs.items()}
-    t, l_ = summ["tether"], summ["trl"]
-    out = {"params": runs["tether"][0]["params"], "arch": runs["tether"][0]["arch"], **summ,
-           "s_per_step_ratio": t["s_per_step"] / l_["s_per_step"], "peak_rss_ratio": t["peak_rss_mb"] / l_["peak_rss_mb"],
-           "rollout_tokens_per_s_ratio": t["rollout_tokens_per_s"] / l_["rollout_tokens_per_s"],
-           "train_tokens_per_s_ratio": t["train_tokens_per_s"] / l_["train_tokens_per_s"],
-           "tether_precision": args.precision, "trl_precision": args.trl_precision,
-           "arm_precision": {name: prec for name, _, prec, _ in arms(args)},
-           "arm_overrides": {name: o for name, _, _, o in arms(args)}, **extra}
-    for name, *_ in arms(args)[2:]:
-        suffix = name.split("_", 1)[1]  # fp32 (TRL's precision) or compiled
-        out[f"s_per_step_ratio_{suffix}"] = summ[name]["s_per_step"] / l_["s_per_step"]
-        out[f"peak_rss_ratio_{suffix}"] = summ[name]["peak_rss_mb"] / l_["peak_rss_mb"]
-    return out
+    prec = {name: p for name, _, p, _ in plan}
+    return {"params": runs["tether"][0]["params"], "arch": runs["tether"][0]["arch"], **summ,
+            **compare_arms(summ, prec), "arm_precision": prec, "arm_overrides": {name: o for name, _, _, o in plan},
+            "run_once": once, **extra}
 
 
 # ----------------------------------------------------------------------------- learning curves
@@ -228,9 +275,10 @@ def learning_curves(args, work: Path) -> dict:
     run_worker(spec, work)
     model_dir = sft_dir / "final_model"
     curves = {"tether": [], "trl": []}
+    precision = {"tether": arms(args)[0][2], "trl": "fp32" if args.trl_precision == "both" else args.trl_precision}
     for seed in args.seeds:
         for fw in ("tether", "trl"):
-            s = base_spec(fw, model_dir, args.precision if fw == "tether" else args.trl_precision, args.threads, seed)
+            s = base_spec(fw, model_dir, precision[fw], args.threads, seed)
             s.update(prompts=16, n=8, max_new=10, lr=1e-4, clip_high=0.28, reward="exact", warmup=0, steps=args.curve_steps)
             res = run_worker(s, work)
             curves[fw].append([st["reward"] for st in res["steps"]])
@@ -278,28 +326,36 @@ def print_curves(lc: dict) -> None:
 # ----------------------------------------------------------------------------- report
 
 
+def _label(name: str, prec: str) -> str:
+    fw = "TRL" if name.startswith("trl") else "tether, train.compile" if name == "tether_compiled" else \
+        "tether, defaults" if name == "tether" else "tether"
+    return f"{fw} ({prec})"
+
+
 def table(results: dict) -> str:
-    """A markdown table of the headline figures (also pasted into README.md)."""
+    """A markdown table of the headline figures (also pasted into README.md); every row names its precision."""
     lines = ["| size | framework (precision) | s/step | rollout tok/s | train tok/s | peak RSS MB | train FLOP/s / matmul peak (positions run) | gen time / decode floor |",
              "|---|---|---|---|---|---|---|---|"]
     for size, r in results["sizes"].items():
-        names = [n for n in r if isinstance(r[n], dict) and "s_per_step" in r[n]]
+        names, prec = [n for n in r if isinstance(r[n], dict) and "s_per_step" in r[n]], r["arm_precision"]
         for name in names:
-            x = r[name]
-            prec = r["arm_precision"][name]
-            fw = "TRL" if name == "trl" else "tether, train.compile" if name == "tether_compiled" else "tether"
-            frac = x.get(f"train_frac_of_{prec}_peak", float("nan"))
-            run_frac = x.get(f"train_run_frac_of_{prec}_peak", float("nan"))
-            lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {fw} ({prec}) | {x['s_per_step']:.2f} | "
+            x, p = r[name], prec[name]
+            frac = x.get(f"train_frac_of_{p}_peak", float("nan"))
+            run_frac = x.get(f"train_run_frac_of_{p}_peak", float("nan"))
+            once = " (1 run: slow)" if name in r.get("run_once", {}) else ""
+            lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {_label(name, p)}{once} | {x['s_per_step']:.2f} | "
                          f"{x['rollout_tokens_per_s']:.0f} | {x['train_tokens_per_s']:.0f} | {x['peak_rss_mb']:.0f} | "
-                         f"{frac:.2f} of {prec} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x |")
-        lines.append(f"| {size} | **tether / TRL** | **{r['s_per_step_ratio']:.2f}** | {r['rollout_tokens_per_s_ratio']:.2f} | "
-                     f"{r['train_tokens_per_s_ratio']:.2f} | **{r['peak_rss_ratio']:.2f}** | | |")
-        for name in names[2:]:
-            suffix, prec = name.split("_", 1)[1], r["arm_precision"][name]
-            label = f"tether ({prec}{', train.compile' if suffix == 'compiled' else ''})"
-            lines.append(f"| {size} | {label} / TRL ({r['trl_precision']}) | {r[f's_per_step_ratio_{suffix}']:.2f} | | | "
-                         f"{r[f'peak_rss_ratio_{suffix}']:.2f} | | |")
+                         f"{frac:.2f} of {p} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x |")
+        tb, lb = r["tether_best"], r["trl_best"]
+        lines.append(f"| {size} | **tether-best {_label(tb, prec[tb])} / TRL-best {_label(lb, prec[lb])}** | "
+                     f"**{r['s_per_step_ratio_best']:.2f}** | | | **{r['peak_rss_ratio_best']:.2f}** | | |")
+        if tb != "tether":
+            lines.append(f"| {size} | {_label('tether', prec['tether'])} / TRL-best {_label(lb, prec[lb])} | "
+                         f"{r['s_per_step_ratio']:.2f} | {r['rollout_tokens_per_s_ratio']:.2f} | "
+                         f"{r['train_tokens_per_s_ratio']:.2f} | {r['peak_rss_ratio']:.2f} | | |")
+        for p, pair in r["same_precision"].items():
+            lines.append(f"| {size} | same precision: {_label(pair['arms'][0], p)} / TRL ({p}) | "
+                         f"{pair['s_per_step_ratio']:.2f} | | | {pair['peak_rss_ratio']:.2f} | | |")
     return "\n".join(lines)
 
 
@@ -310,12 +366,16 @@ def parse_args(argv=None):
     p.add_argument("--warmup-rounds", type=int, default=0, help="extra discarded rounds before the counted ones")
     p.add_argument("--steps", type=int, default=2, help="timed steps per run (each run first does 1 warm-up step)")
     p.add_argument("--no-match-precision", dest="match_precision", action="store_false",
-                   help="skip the third arm: tether at TRL's precision")
+                   help="skip tether at TRL's other precisions (the same-precision pairs)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process, both frameworks")
     p.add_argument("--no-compiled-arm", dest="compiled_arm", action="store_false",
                    help="skip the fourth arm: tether with train.compile=true (torch.compile of the training forward)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16", help="tether: bf16 = model.autocast_bf16")
-    p.add_argument("--trl-precision", choices=["fp32", "bf16"], default="fp32", help="TRL: bf16 = GRPOConfig(bf16=True)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="tether's default arm: model.autocast_bf16 (auto: bf16 only with native bf16, tether.hardware)")
+    p.add_argument("--trl-precision", choices=["both", "fp32", "bf16"], default="both",
+                   help="TRL: bf16 = GRPOConfig(bf16=True, use_cpu=True); both: each, TRL-best = the faster")
+    p.add_argument("--slow-factor", type=float, default=2.0,
+                   help="an arm slower than this x its framework's fastest in the first round runs once (0: never)")
     p.add_argument("--curve-steps", type=int, default=80, help="RL steps per curve (configs/reverse.yaml runs 80)")
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
@@ -324,6 +384,7 @@ def parse_args(argv=None):
     p.add_argument("--no-ablations", action="store_true")
     p.add_argument("--quick", action="store_true", help="small only, 3 runs, no curves")
     p.add_argument("--out", default=str(HERE / "results" / "vs_trl.json"))
+    p.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # bench_quick.py's demonstration
     a = p.parse_args(argv)
     if a.quick:
         a.sizes, a.runs, a.no_curves, a.no_ablations = "small", 3, True, True
@@ -336,7 +397,10 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    from tether.hardware import choose_precision
+
     results = {"machine": machine_description(args.threads), "settings": {
+        "tether_auto_precision": choose_precision("auto", "cpu").reason,
         "completions_per_step": 64, "prompts_per_step": 8, "generations_per_prompt": 8, "max_completion_tokens": 64,
         "temperature": 1.0, "top_k": 0, "top_p": 1.0, "runs": args.runs, "timed_steps_per_run": args.steps,
         "warmup_steps_per_run": 1, "arms": [list(a) for a in arms(args)],
@@ -356,7 +420,7 @@ def main(argv=None) -> dict:
             from bench_prefix import run_prefix_bench
 
             print("[bench] prefix sharing on a multi-turn group", flush=True)
-            results["prefix_sharing"] = run_prefix_bench(args.threads, precision=args.precision)
+            results["prefix_sharing"] = run_prefix_bench(args.threads, precision=arms(args)[0][2])
         if not args.no_curves:
             print("[bench] learning curves (reverse task, SFT start, equal samples)", flush=True)
             results["learning"] = learning_curves(args, work)

@@ -1,0 +1,84 @@
+"""The performance regression guard (`make bench-quick`, ~2-3 min on 2 quiet cores).
+
+    python benchmarks/bench_quick.py             # run, compare with the committed baseline, exit 1 if worse
+    python benchmarks/bench_quick.py --update    # run and record this result as the baseline of this CPU class
+
+Runs the small-model comparison of `vs_trl.py` in one sitting (tether with its defaults and TRL
+in fp32, alternating fresh processes, `--runs` each) and compares the tether/TRL s/step ratio with
+the committed baseline for this machine's CPU class (`benchmarks/results/baseline_quick.json`,
+keyed by tether.hardware.cpu_class: native-bf16, avx512, avx2, other). A ratio, not a time: both
+sides slow down together on a busy machine. The guard fails (exit 1) when the ratio is more than
+`--tolerance` (15%) above the baseline; with no baseline for this class it passes and says how to
+record one. Refreshing the baseline: docs/performance.md ("The regression guard").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+BASELINE = HERE / "results" / "baseline_quick.json"
+
+
+def check_ratio(ratio: float, baseline: dict | None, tolerance: float) -> tuple[bool, str]:
+    """(passed, message): `ratio` (tether s/step / TRL s/step, lower is better) against the baseline's."""
+    if baseline is None:
+        return True, f"tether/TRL s/step {ratio:.3f}; no baseline for this CPU class: record one with --update"
+    limit = baseline["ratio"] * (1 + tolerance)
+    verdict = "OK" if ratio <= limit else "REGRESSION"
+    msg = (f"{verdict}: tether/TRL s/step {ratio:.3f} vs baseline {baseline['ratio']:.3f} "
+           f"({ratio / baseline['ratio'] - 1:+.0%}; limit {limit:.3f} = baseline +{tolerance:.0%}; "
+           f"baseline measured {baseline.get('date', '?')} on {baseline.get('cpu', '?')})")
+    return ratio <= limit, msg
+
+
+def run_comparison(runs: int, slowdown: float) -> dict:
+    from vs_trl import main as vs_trl
+
+    with tempfile.TemporaryDirectory(prefix="tether-bench-quick-") as tmp:
+        argv = ["--sizes", "small", "--runs", str(runs), "--steps", "2", "--trl-precision", "fp32", "--no-match-precision",
+                "--no-compiled-arm", "--no-curves", "--no-prefix", "--no-ablations", "--slow-factor", "0",
+                "--out", str(Path(tmp) / "quick.json")]
+        if slowdown:
+            argv += ["--slowdown", str(slowdown)]
+        return vs_trl(argv)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=2, help="counted runs per side")
+    p.add_argument("--tolerance", type=float, default=0.15)
+    p.add_argument("--baseline", default=str(BASELINE))
+    p.add_argument("--update", action="store_true", help="write this run's ratio as the baseline of this CPU class")
+    p.add_argument("--slowdown", type=float, default=0.0,
+                   help="seconds of sleep added to every tether update: a deliberately slowed build (shows the guard fail)")
+    a = p.parse_args(argv)
+    res = run_comparison(a.runs, a.slowdown)
+    m, small = res["machine"], res["sizes"]["small"]
+    ratio = small["tether"]["s_per_step"] / small["trl_fp32"]["s_per_step"]
+    path = Path(a.baseline)
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    cls = m["cpu_class"]
+    if a.update:
+        table[cls] = {"ratio": round(ratio, 4), "tether_s_per_step": round(small["tether"]["s_per_step"], 3),
+                      "trl_s_per_step": round(small["trl_fp32"]["s_per_step"], 3),
+                      "tether_precision": small["arm_precision"]["tether"], "trl_precision": "fp32",
+                      "cpu": m["cpu"], "cpu_flags": m["cpu_flags"], "date": m["date"], "runs": a.runs,
+                      "load_avg": [m["load_avg_start"][0], m["load_avg_end"][0]], "command": "make bench-quick BENCH_QUICK_ARGS=--update"}
+        path.write_text(json.dumps(table, indent=2) + "\n")
+        print(f"[bench-quick] baseline for {cls} set to {ratio:.3f} in {path}")
+        return 0
+    ok, msg = check_ratio(ratio, table.get(cls), a.tolerance)
+    print(f"[bench-quick] {cls} CPU ({m['cpu']}), tether ({small['arm_precision']['tether']}) "
+          f"{small['tether']['s_per_step']:.2f} s/step vs TRL (fp32) {small['trl_fp32']['s_per_step']:.2f}, "
+          f"load {m['load_avg_start'][0]:.1f} -> {m['load_avg_end'][0]:.1f}, {res['wall_s']:.0f} s\n[bench-quick] {msg}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

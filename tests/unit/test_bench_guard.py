@@ -1,0 +1,76 @@
+"""benchmarks/: the equal-footing comparison (tether-best vs TRL-best, same-precision pairs) and
+the bench-quick regression guard's verdict. Pure functions; no benchmark is run here."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+vs_trl, quick = _load("vs_trl"), _load("bench_quick")
+
+
+def _arm(s, rss=1000.0):
+    return {"s_per_step": s, "peak_rss_mb": rss, "rollout_tokens_per_s": 100 / s, "train_tokens_per_s": 200 / s}
+
+
+def test_best_vs_best_and_same_precision_pairs():
+    # an AVX2 CPU: tether's default is fp32; TRL's fp32 (4.0) beats its bf16 (20.0); tether bf16 is slow too
+    summ = {"tether": _arm(2.0), "trl_fp32": _arm(4.0, 1200), "trl_bf16": _arm(20.0), "tether_bf16": _arm(25.0),
+            "tether_compiled": _arm(1.6, 900)}
+    prec = {"tether": "fp32", "trl_fp32": "fp32", "trl_bf16": "bf16", "tether_bf16": "bf16", "tether_compiled": "fp32"}
+    out = vs_trl.compare_arms(summ, prec)
+    assert (out["tether_best"], out["trl_best"]) == ("tether_compiled", "trl_fp32")
+    assert out["s_per_step_ratio_best"] == pytest.approx(1.6 / 4.0)
+    assert out["peak_rss_ratio_best"] == pytest.approx(900 / 1200)
+    assert out["s_per_step_ratio"] == pytest.approx(2.0 / 4.0)  # defaults vs TRL-best
+    assert out["rollout_tokens_per_s_ratio"] == pytest.approx(2.0)  # tether / TRL: higher is better
+    assert out["same_precision"]["fp32"]["s_per_step_ratio"] == pytest.approx(0.5)
+    assert out["same_precision"]["bf16"]["s_per_step_ratio"] == pytest.approx(25.0 / 20.0)
+    assert out["same_precision"]["bf16"]["arms"] == ["tether_bf16", "trl_bf16"]
+
+
+def test_trl_best_follows_the_faster_precision():
+    summ = {"tether": _arm(1.0), "trl_fp32": _arm(4.0), "trl_bf16": _arm(3.0), "tether_fp32": _arm(2.5)}
+    prec = {"tether": "bf16", "trl_fp32": "fp32", "trl_bf16": "bf16", "tether_fp32": "fp32"}
+    out = vs_trl.compare_arms(summ, prec)
+    assert out["trl_best"] == "trl_bf16" and out["trl_best_precision"] == "bf16"
+    assert out["same_precision"]["fp32"]["s_per_step_ratio"] == pytest.approx(2.5 / 4.0)
+
+
+def test_slow_arms_run_once():
+    plan = [("tether", "tether", "fp32", []), ("trl_fp32", "trl", "fp32", []), ("trl_bf16", "trl", "bf16", []),
+            ("tether_bf16", "tether", "bf16", [])]
+    once = vs_trl._slow_arms({"tether": 3.0, "trl_fp32": 5.0, "trl_bf16": 30.0, "tether_bf16": 28.0}, plan, 2.0)
+    assert set(once) == {"trl_bf16", "tether_bf16"}
+    assert vs_trl._slow_arms({"tether": 3.0, "trl_fp32": 5.0, "trl_bf16": 6.0, "tether_bf16": 4.0}, plan, 2.0) == {}
+
+
+def test_arms_resolve_auto_and_name_precisions(monkeypatch):
+    monkeypatch.setattr(vs_trl, "default_precision", lambda: "fp32")
+    args = vs_trl.parse_args([])
+    names = {n: p for n, _, p, _ in vs_trl.arms(args)}
+    assert names == {"tether": "fp32", "trl_fp32": "fp32", "trl_bf16": "bf16", "tether_bf16": "bf16", "tether_compiled": "fp32"}
+
+
+@pytest.mark.parametrize("ratio,ok", [(0.50, True), (0.57, True), (0.58, False), (0.80, False)])
+def test_guard_fails_beyond_tolerance(ratio, ok):
+    passed, msg = quick.check_ratio(ratio, {"ratio": 0.50, "date": "2026-12-01", "cpu": "AMD EPYC"}, 0.15)
+    assert passed is ok
+    assert ("OK" if ok else "REGRESSION") in msg
+
+
+def test_guard_without_baseline_passes_and_says_how_to_record():
+    passed, msg = quick.check_ratio(0.9, None, 0.15)
+    assert passed and "--update" in msg

@@ -77,9 +77,15 @@ def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def tokenizer_corpus(cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[str]:
+    """Text for the tiny model's BPE: each prompt with its demonstration — the answer for file
+    tasks and for environments without a scripted expert (OpenEnv, verifiers, MCP adapters)."""
+    from tether.envs import ENVS
+
+    no_expert = cfg.data.task in ENVS and ENVS[cfg.data.task]().expert is None
     texts = []
     for p in problems:
-        demo = p.get("completion") or (p["answer"] if is_file_task(cfg.data.task) else demonstration(cfg.data.task, p))
+        plain = is_file_task(cfg.data.task) or no_expert
+        demo = p.get("completion") or (str(p.get("answer", "")) if plain else demonstration(cfg.data.task, p))
         texts.append(p["prompt"] + demo)
     return texts
 

@@ -142,3 +142,12 @@ def test_verifiers_env_trains_end_to_end(model_dir, tmp_path):
     summary, trained = _train(model_dir, tmp_path, "verifiers", {"env": "vf_env_stub", "args": {"n": 40}})
     assert summary["steps"] == 2 and [r["step"] for r in trained] == [1, 2]
     assert all(r["env/turns_mean"] == 2.0 and r["env/stop/done"] == 1.0 for r in trained)
+
+
+def test_tiny_tokenizer_corpus_of_an_environment_without_expert():
+    from tether.recipes.common import setup_problems, tokenizer_corpus
+
+    cfg = load_config(None, ["data.task=verifiers", 'data.task_kwargs={"env": "vf_env_stub"}', "data.train_size=4",
+                             "data.eval_size=2"])
+    train, _ = setup_problems(cfg)
+    assert tokenizer_corpus(cfg, train) == [p["prompt"] + p["answer"] for p in train]  # no scripted expert to run

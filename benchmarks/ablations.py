@@ -47,7 +47,8 @@ def _batch(model_dir: Path, threads: int):
 
     from tether.policy.hf import load_policy
     from tether.recipes.common import seed_everything, setup_problems
-    from tether.recipes.rl import RLState, collect_groups, make_train_batch
+    from tether.recipes.rl import RLState, make_train_batch
+    from tether.rollout import collect_groups
 
     cfg = load_cfg(base_spec("tether", model_dir, "fp32", threads, 0))
     seed_everything(0, False, threads)

@@ -32,6 +32,7 @@ class SeqRecord:
     valid: bool
     weight: float = 1.0  # compact filtering: 0 drops the sequence from the loss
     turn_ids: tuple[int, ...] = ()  # per token: index of the episode turn whose action it is, -1 elsewhere
+    kept: tuple[int, ...] = ()  # per token: the sampler's kept count (Turn.action_kept), 0 = full vocabulary
 
 
 def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, weight: float = 1.0) -> list[SeqRecord]:
@@ -42,11 +43,12 @@ def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, we
     logp: list[float] = []
     rew: list[float] = []
     tix: list[int] = []  # turn index per token
+    kept: list[int] = []  # sampling mask per token (0: unfiltered or not sampled)
 
     def flush() -> None:
         if ids:
             seqs.append(SeqRecord(tuple(ids), tuple(mask), tuple(logp), tuple(rew), group, traj_idx, traj.reward.total, valid, weight,
-                                  tuple(tix)))
+                                  tuple(tix), tuple(kept) if any(kept) else ()))
 
     last = len(traj.turns) - 1
     for k, turn in enumerate(traj.turns):
@@ -55,7 +57,7 @@ def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, we
             extra = ctx[len(ids):]
         else:
             flush()
-            ids, mask, logp, rew, tix = [], [], [], [], []
+            ids, mask, logp, rew, tix, kept = [], [], [], [], [], []
             extra = ctx
         ids += extra + list(turn.action_ids)
         mask += [0] * len(extra) + [1] * len(turn.action_ids)
@@ -65,7 +67,8 @@ def build_sequences(traj: Trajectory, group: int, traj_idx: int, valid: bool, we
             step[-1] = turn.reward + (traj.reward.total if k == last else 0.0)
         rew += step
         tix += [-1] * len(extra) + [k] * len(turn.action_ids)
-        if not (len(ids) == len(mask) == len(logp) == len(rew) == len(tix)):
+        kept += [0] * len(extra) + (list(turn.action_kept) or [0] * len(turn.action_ids))
+        if not (len(ids) == len(mask) == len(logp) == len(rew) == len(tix) == len(kept)):
             raise AssertionError(f"mask/ids length mismatch merging turn {k} of {traj.task_id}")
     flush()
     return seqs
@@ -97,6 +100,7 @@ class PaddedRecords:
     traj_B: torch.Tensor
     valid_B: torch.Tensor
     turn_BT: torch.Tensor | None = None  # long: turn index of each action token, -1 elsewhere
+    kept_BT: torch.Tensor | None = None  # long: sampling mask (kept count) per token; None: no filter anywhere
 
 
 def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
@@ -121,9 +125,12 @@ def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
     trew = torch.zeros((B, T), dtype=torch.float32)
     trew[attn] = flat("token_rewards", torch.float32)
     turn = torch.full((B, T), -1, dtype=torch.long)
+    kept = torch.zeros((B, T), dtype=torch.long) if any(r.kept for r in records) else None
     for b, r in enumerate(records):
         if r.turn_ids:
             turn[b, :len(r.ids)] = torch.tensor(r.turn_ids, dtype=torch.long)
+        if r.kept and kept is not None:
+            kept[b, :len(r.ids)] = torch.tensor(r.kept, dtype=torch.long)
     return PaddedRecords(
         input_ids_BT=ids,
         attention_mask_BT=attn,
@@ -135,6 +142,7 @@ def pad_records(records: list[SeqRecord], pad_id: int) -> PaddedRecords:
         traj_B=torch.tensor([r.traj for r in records], dtype=torch.long),
         valid_B=torch.tensor([r.valid for r in records], dtype=torch.bool),
         turn_BT=turn,
+        kept_BT=kept,
     )
 
 

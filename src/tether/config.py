@@ -85,7 +85,10 @@ class SamplingConfig(_Base):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
+    min_p: float = Field(0.0, ge=0, lt=1, description="keep tokens with p >= min_p * p_max (0 disables)")
     max_new_tokens: int = Field(32, gt=0)
+    keep_mask: bool = Field(True, description="with top_k/top_p/min_p on: record the truncation per token and score "
+                                              "the update under the same truncated distribution (false: the full one)")
 
 
 class RolloutConfig(_Base):
@@ -385,17 +388,10 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
         out.append("algo.kl.reset_every does nothing with algo.kl.coef=0: set a coefficient or drop reset_every")
     if kl.coef == 0 and kl.adaptive_target is not None:
         out.append("algo.kl.adaptive_target needs an initial algo.kl.coef > 0")
-    group_based = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gigpo", "step_grpo"}
-    if algo.advantage.name in group_based and cfg.rollout.n < 2:
-        out.append(
-            f"algo.advantage.name={algo.advantage.name} compares rollouts of one problem: "
-            "set rollout.n >= 2 (or use reinforce_pp / gae)"
-        )
-    if cfg.env.credit == "step" and algo.advantage.name in {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "remax"}:
-        out.append(
-            f"env.credit=step keeps step rewards on their turns, but algo.advantage.name={algo.advantage.name} "
-            "only reads the trajectory score: use gigpo / step_grpo / reinforce_pp / gae, or env.credit=broadcast"
-        )
+    from tether.validate import find_fact_problems, find_unknown_names  # asks the registries (rule 12)
+
+    unknown = find_unknown_names(cfg)
+    out.extend(unknown or find_fact_problems(cfg))
     if algo.dynamic_sampling.enable and cfg.rollout.n < 2:
         out.append("algo.dynamic_sampling needs rollout.n >= 2 to see reward variance")
     if algo.correction.mode == "mask" and algo.correction.threshold_low is None:

@@ -50,6 +50,20 @@ class Outcome(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Message:
+    """One chat message. `action_ids` are the ids an assistant sampled: when set, they are
+    spliced into contexts verbatim and `content` (their decoded text) is for display only.
+    (Here, not in `tether.policy.chat`, so that environments never import the policy package.)"""
+
+    role: str
+    content: str
+    action_ids: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
 class Sample:
     """One generation from a `Policy`.
 
@@ -63,11 +77,14 @@ class Sample:
     logprobs: tuple[float, ...]
     finish: StopReason
     policy_version: int = 0
+    # the sampling mask (DeepSeek-V3.2 "Keep Sampling Mask"): per token, how many vocabulary
+    # entries top-k / top-p / min-p kept (the highest-logit ones); () when no filter was on
+    kept: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.logprobs):
+        if len(self.token_ids) != len(self.logprobs) or (self.kept and len(self.kept) != len(self.token_ids)):
             raise ValueError(
-                f"Sample: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+                f"Sample: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs / {len(self.kept)} kept counts"
             )
 
 
@@ -88,9 +105,10 @@ class Turn:
     finish: StopReason = StopReason.EOS
     policy_version: int = 0
     info: Mapping[str, Any] = field(default_factory=dict)
+    action_kept: tuple[int, ...] = ()  # the sampler's kept counts per action token (Sample.kept); () unfiltered
 
     def __post_init__(self) -> None:
-        if len(self.action_ids) != len(self.action_logprobs):
+        if len(self.action_ids) != len(self.action_logprobs) or (self.action_kept and len(self.action_kept) != len(self.action_ids)):
             raise ValueError(
                 f"Turn: {len(self.action_ids)} action ids but {len(self.action_logprobs)} logprobs"
             )
@@ -158,6 +176,7 @@ class TrainBatch:
     seq_traj_B: torch.Tensor  # long: index of the trajectory (sequences of one episode share it)
     returns_BT: torch.Tensor | None = None  # GAE value targets
     old_values_BT: torch.Tensor | None = None
+    kept_BT: torch.Tensor | None = None  # long: the sampler's kept count for token t (0: full vocabulary)
 
     @property
     def num_seqs(self) -> int:
@@ -183,4 +202,5 @@ class TrainBatch:
             seq_traj_B=self.seq_traj_B[idx_B],
             returns_BT=pick(self.returns_BT),
             old_values_BT=pick(self.old_values_BT),
+            kept_BT=pick(self.kept_BT),
         )

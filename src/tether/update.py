@@ -99,7 +99,7 @@ def compute_microbatch_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar loss of one micro-batch (already divided by the mini-batch's global norm)."""
     logp, ent = compute_sequence_logprobs(policy, mb.input_ids_BT, mb.attention_mask_BT, mb.seq_group_B, temperature,
-                                          with_entropy=True, pack=pack, share=share)
+                                          with_entropy=True, pack=pack, share=share, kept_BT=mb.kept_BT)
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
     old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
@@ -146,8 +146,9 @@ def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: flo
         rows = torch.tensor(idx)
         mb = batch.select(rows)
         T = int(mb.attention_mask_BT.sum(-1).max())
+        kept = None if mb.kept_BT is None else mb.kept_BT[:, :T]
         lp, _ = compute_sequence_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T], mb.seq_group_B,
-                                          temperature, pack=pack, share=share)
+                                          temperature, pack=pack, share=share, kept_BT=kept)
         out[rows, :T] = lp.float().cpu()
     return out
 
@@ -157,7 +158,7 @@ def _trim(mb: TrainBatch) -> TrainBatch:
     T = int(mb.attention_mask_BT.sum(-1).max())
     return TrainBatch(*(None if x is None else x[:, :T] if x.dim() == 2 else x for x in (
         mb.input_ids_BT, mb.attention_mask_BT, mb.loss_mask_BT, mb.rollout_logp_BT, mb.advantages_BT,
-        mb.seq_group_B, mb.seq_traj_B, mb.returns_BT, mb.old_values_BT)))
+        mb.seq_group_B, mb.seq_traj_B, mb.returns_BT, mb.old_values_BT, mb.kept_BT)))
 
 
 def run_update(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from tether.algos.base import ADVANTAGES, AdvantageInputs, AdvantageOutputs
+from tether.algos.base import ADVANTAGES, AdvantageFacts, AdvantageInputs, AdvantageOutputs
 from tether.config import AdvantageConfig
 
 _F64 = torch.float64
@@ -132,7 +132,7 @@ def _discounted_to_go(r_BT: torch.Tensor, keep_BT: torch.Tensor, gamma: float) -
 # ----------------------------------------------------------------------------- outcome (group)
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", AdvantageFacts(group_relative=True))
 def compute_grpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """GRPO outcome advantage (DeepSeekMath, arXiv 2402.03300 §4.1.2): A_i = (R_i - mean) / (std + eps).
 
@@ -146,7 +146,7 @@ def compute_grpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Advan
     return AdvantageOutputs(advantages_BT=_broadcast(adv_U, seq_to_traj_B, inp))
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", AdvantageFacts(group_relative=True))
 def compute_dr_grpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """Dr. GRPO advantage (Liu et al., arXiv 2503.20783 §3.2): A_i = R_i - mean (no std division).
 
@@ -157,7 +157,7 @@ def compute_dr_grpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Ad
     return AdvantageOutputs(advantages_BT=_broadcast(s["dev"], seq_to_traj_B, inp))
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", AdvantageFacts(group_relative=True))
 def compute_rloo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """RLOO (Ahmadian et al., arXiv 2402.14740, "REINFORCE Leave-One-Out"): A_i = R_i - (1/(k-1)) sum_{j != i} R_j.
 
@@ -171,7 +171,7 @@ def compute_rloo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Advan
     return AdvantageOutputs(advantages_BT=_broadcast(adv_U, seq_to_traj_B, inp))
 
 
-@ADVANTAGES.register("remax")
+@ADVANTAGES.register("remax", AdvantageFacts(needs_greedy_baseline=True))
 def compute_remax_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """ReMax (Li et al., arXiv 2310.10505, the ReMax algorithm): A = r(x, y_sampled) - r(x, y_greedy), no normalisation.
 
@@ -187,7 +187,7 @@ def compute_remax_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Adva
 # ----------------------------------------------------------------------------- token level
 
 
-@ADVANTAGES.register("reinforce_pp")
+@ADVANTAGES.register("reinforce_pp", AdvantageFacts(reads_token_rewards=True))
 def compute_reinforce_pp_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """REINFORCE++ (Hu et al., arXiv 2501.03262): token reward-to-go, then global whitening.
 
@@ -204,7 +204,7 @@ def compute_reinforce_pp_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) 
     return AdvantageOutputs(advantages_BT=adv_BT.to(dtype), returns_BT=to_go_BT.to(dtype))
 
 
-@ADVANTAGES.register("reinforce_pp_baseline")
+@ADVANTAGES.register("reinforce_pp_baseline", AdvantageFacts(group_relative=True))
 def compute_reinforce_pp_baseline_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """REINFORCE++-baseline (Hu et al., arXiv 2501.03262): R_i - group mean, broadcast, global whitening.
 
@@ -219,7 +219,7 @@ def compute_reinforce_pp_baseline_advantages(inp: AdvantageInputs, cfg: Advantag
     return AdvantageOutputs(advantages_BT=adv_BT.to(_out_dtype(inp)))
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", AdvantageFacts(needs_critic=True, reads_token_rewards=True))
 def compute_gae_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """GAE (Schulman et al., arXiv 1506.02438 §3) over the action tokens, then whitening.
 

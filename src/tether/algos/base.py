@@ -99,7 +99,24 @@ class ISInputs:
     mask_BT: torch.Tensor
 
 
-ADVANTAGES: Registry[Callable] = Registry("advantage estimator")
+@dataclass(frozen=True)
+class AdvantageFacts:
+    """What an advantage estimator needs and reads; the recipe and the config validator ask these
+    (DESIGN.md rule 12), never the estimator's name.
+
+    needs_critic:          a value model V(s_t) is trained alongside (values_BT)
+    needs_greedy_baseline: one greedy rollout per problem gives the baseline (baseline_B)
+    group_relative:        compares the rollouts of one problem (needs rollout.n >= 2)
+    reads_token_rewards:   reads token_rewards_BT (step rewards, KL-in-reward); otherwise only scores_B
+    """
+
+    needs_critic: bool = False
+    needs_greedy_baseline: bool = False
+    group_relative: bool = False
+    reads_token_rewards: bool = False
+
+
+ADVANTAGES: Registry[Callable] = Registry("advantage estimator", AdvantageFacts())
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
 KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator")
 IS_CORRECTIONS: Registry[Callable] = Registry("importance-sampling correction")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from tether.algos.advantages import _group_stats
-from tether.algos.base import ADVANTAGES, AdvantageInputs, AdvantageOutputs
+from tether.algos.base import ADVANTAGES, AdvantageFacts, AdvantageInputs, AdvantageOutputs
 from tether.config import AdvantageConfig
 
 _F64 = torch.float64
@@ -101,7 +101,7 @@ def _to_tokens(adv_S: torch.Tensor, v: StepView, inp: AdvantageInputs) -> Advant
     return AdvantageOutputs(advantages_BT=torch.where(keep_BT, gathered, 0.0).to(out_dtype))
 
 
-@ADVANTAGES.register("gigpo")
+@ADVANTAGES.register("gigpo", AdvantageFacts(group_relative=True, reads_token_rewards=True))
 def compute_gigpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """GiGPO (Feng et al., arXiv 2505.10978 §4, episode- and step-level relative advantages): A = A^E + omega * A^S.
 
@@ -131,7 +131,7 @@ def compute_gigpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> Adva
     return _to_tokens(adv_E_U[v.traj_S] + cfg.step_weight * adv_S_S, v, inp)
 
 
-@ADVANTAGES.register("step_grpo")
+@ADVANTAGES.register("step_grpo", AdvantageFacts(group_relative=True, reads_token_rewards=True))
 def compute_step_grpo_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:
     """GRPO on per-turn discounted returns (Kimi-Researcher's gamma decay; see module docstring).
 

@@ -32,15 +32,14 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
         from tether.policy.hf import load_policy
         from tether.recipes.common import seed_run, setup_problems
         from tether.recipes.evaluate import resolve_target
+        from tether.rollout import make_rollout
 
         cfg, model_dir, _ = resolve_target(target, overrides)
         seed_run(cfg.run)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
         train, _ = setup_problems(cfg)
-        r = cfg.rollout
-        pilot = run_pilot(policy, train, pilot_problems, pilot_samples, r.sampling, cfg.reward, seed=cfg.run.seed,
-                          batch_size=r.batch_size, max_prompt_tokens=r.max_prompt_tokens, chat=cfg.data.chat,
-                          model=str(model_dir))
+        pilot = run_pilot(policy, train, pilot_problems, pilot_samples, cfg.rollout.sampling, make_rollout(cfg),
+                          seed=cfg.run.seed, model=str(model_dir))
     if save_pilot is not None:
         save_pilot.write_text(json.dumps(pilot.to_json(), indent=1))
     tokens = budget if unit == "tokens" else None
@@ -82,10 +81,15 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps({**p.to_json(), "pilot": {"model": pilot.model, "problems": len(pilot.counts),
                                                             "tokens_per_rollout": pilot.tokens_per_rollout,
+                                                            "rollout": pilot.rollout,
                                                             "pass_rates": pilot.pass_rates}}, indent=2))
         else:
             from tether.plan.planner import format_plan
 
+            solved = sum(c for _, c in pilot.counts) / max(sum(n for n, _ in pilot.counts), 1)
+            typer.echo(f"pilot: {len(pilot.counts)} problems x {pilot.counts[0][0] if pilot.counts else 0} "
+                       f"{pilot.rollout or 'saved'} rollouts, mean pass rate {solved:.3f}, "
+                       f"{pilot.tokens_per_rollout:.1f} sampled tokens per rollout")
             typer.echo(format_plan(p))
 
     _register_reports(app)

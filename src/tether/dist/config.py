@@ -142,6 +142,13 @@ def find_dist_problems(cfg: Any) -> list[str]:
                    "(a partial step's batch size is already variable)")
     if d.backend == "vllm" and d.placement.rollout.gpus <= 0:
         out.append("dist.backend=vllm needs a GPU per rollout worker: set dist.placement.rollout.gpus (e.g. 1)")
+    sp = cfg.rollout.sampling
+    filters = [f"{k}={v:g}" for k, v, on in (("top_k", sp.top_k, sp.top_k > 0), ("top_p", sp.top_p, sp.top_p < 1.0),
+                                              ("min_p", sp.min_p, sp.min_p > 0)) if on]
+    if d.backend == "vllm" and filters and sp.keep_mask:
+        out.append(f"rollout.sampling.{', '.join(filters)}: the vllm backend does not report its sampling mask, so the "
+                   "trainer would score a different distribution than the one sampled; use dist.backend=hf, drop "
+                   "the filter, or set rollout.sampling.keep_mask=false to accept the mismatch on purpose")
     if d.backend == "vllm" and d.cross_policy.pool_size > 0:
         out.append("dist.cross_policy needs a second model per worker, which the vllm backend does not keep: "
                    "use dist.backend=hf or dist.cross_policy.pool_size=0")

@@ -1,6 +1,6 @@
 """The rollout side of recipes/rl_async.py: workers, weight sync, admission control, the queue.
 
-`AsyncRollouts.collect_groups(st, cfg)` takes the place of `recipes.rl.collect_groups` in
+`AsyncRollouts.collect_groups(st, cfg)` takes the place of `tether.rollout.collect_groups` in
 `run_rl_step`. At trainer version T it:
 
 1. publishes the weights (version T) to every worker: numpy through the object store, each
@@ -137,7 +137,7 @@ class AsyncRollouts:
         return slot
 
     def _make_probe(self, st: Any) -> list[int]:
-        from tether.rollout import encode_prompt
+        from tether.policy.chat import encode_prompt
 
         ids: list[int] = []
         for p in st.stream.problems[: self.d.sync.probe_problems]:

@@ -2,8 +2,9 @@
 
 A plain class; `tether.dist.controller` runs it as a Ray actor (`ray.remote(RolloutWorker)`), and
 tests can run it in-process. The rollout itself is the synchronous recipe's own
-`collect_groups` (recipes/rl.py) over a small worker-side state, so rollouts, rewards, dynamic
-sampling and multi-turn environments behave exactly as in `tether train`.
+`tether.rollout.collect_groups` over a small worker-side state (`tether.rollout.WorkerState`), so
+rollouts, rewards, dynamic sampling and multi-turn environments behave exactly as in `tether train`;
+the worker never imports a recipe.
 
 Weight-sync handshake (pitfalls.md item 4): `load_weights(version, arrays, checksum, probe)`
 loads the arrays, recomputes the checksum from what the model now HOLDS, and only then adopts
@@ -41,23 +42,6 @@ class FixedStream:
         if not out:
             raise RuntimeError("rollout order exhausted its problems (dynamic sampling asked for another round)")
         return out
-
-
-@dataclass
-class WorkerState:
-    """What `collect_groups` reads from an RLState: policy, problem stream, generator, fault seams."""
-
-    policy: Any
-    stream: Any
-    generator: torch.Generator
-    faults: Any = None
-    step: int = 0
-
-    def __post_init__(self) -> None:
-        if self.faults is None:
-            from tether.health.faults import NO_FAULTS
-
-            self.faults = NO_FAULTS
 
 
 @dataclass
@@ -199,7 +183,7 @@ class RolloutWorker:
 
     def _run_collect(self, order: Order, acting) -> tuple[list, dict[str, float], dict[str, Any]]:
         from tether.data import ProblemStream
-        from tether.recipes.rl import collect_groups
+        from tether.rollout import WorkerState, collect_groups
 
         cfg = order.cfg
         if order.stream_state is not None:  # sequential mode: the trainer's own stream, continued here
@@ -216,17 +200,15 @@ class RolloutWorker:
 
     def _run_partial(self, order: Order, acting) -> tuple[list, dict[str, float], dict[str, Any]]:
         from tether.dist.partial import TurnBroker
-        from tether.envs.runner import run_env_rollouts
-        from tether.rollout import compute_rollout_stats
+        from tether.rollout import compute_rollout_stats, make_rollout
 
         cfg, p = order.cfg, order.cfg.dist.partial
         if self.broker is None:
             self.broker = TurnBroker(p.token_budget, p.max_parks)
-        r = cfg.rollout
+        r, rollout = cfg.rollout, make_rollout(cfg)
 
         def play(problem, generate):
-            return run_env_rollouts(self.policy, [problem], r.n, r.sampling, cfg.env, None, r.batch_size,
-                                    on_drift=r.on_drift, generate=generate)
+            return rollout.run(self.policy, [problem], r.n, r.sampling, None, generate=generate)
 
         self.broker.start(order.problems, play)
         out = self.broker.run_round(acting, self.generator, r.batch_size)
@@ -242,4 +224,4 @@ class RolloutWorker:
                 "parked": self.broker.live if self.broker is not None else 0}
 
 
-__all__ = ["FixedStream", "Order", "RolloutWorker", "StaleWorkerError", "WorkerState", "merge_metrics"]
+__all__ = ["FixedStream", "Order", "RolloutWorker", "StaleWorkerError", "merge_metrics"]

@@ -12,12 +12,12 @@ from tether.envs.base import (
     Observation,
     StepResult,
     Transition,
-    is_env_task,
     make_env,
     register_env,
     run_expert_episode,
 )
 from tether.envs.tools import Tool, ToolCall, make_tool, parse_tool_calls, run_tool_calls
+from tether.types import Message
 from tether.envs.mcp import MCPToolServer
 from tether.envs.runner import EnvFailure, run_env_rollouts
 from tether.envs import builtin  # noqa: F401,E402  (registration)
@@ -30,12 +30,12 @@ __all__ = [
     "EnvFailure",
     "EnvSpec",
     "MCPToolServer",
+    "Message",
     "Observation",
     "StepResult",
     "Tool",
     "ToolCall",
     "Transition",
-    "is_env_task",
     "make_env",
     "make_tool",
     "parse_tool_calls",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from tether.envs.tools import ParsedAction, Tool, parse_tool_calls
-from tether.policy.chat import Message
+from tether.types import Message
 from tether.registry import Registry
 from tether.tasks import TASKS, TaskSpec
 
@@ -109,10 +109,6 @@ def register_env(name: str) -> Callable[[Callable[[], EnvSpec]], Callable[[], En
         return factory
 
     return deco
-
-
-def is_env_task(name: str) -> bool:
-    return name in ENVS
 
 
 def get_spec(task: Mapping[str, Any]) -> EnvSpec:

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from tether.config import ConfigError
 from tether.envs.tools import parse_tool_calls
-from tether.policy.chat import Message
+from tether.types import Message
 
 Turns = Sequence[Sequence[Message]]  # per completed turn: the assistant message, then its observation
 SUMMARY_PREFIX = "Summary of earlier steps: "

@@ -107,6 +107,14 @@ class HarnessRollout:
     token: str | None = None
     seed: int = 0
     kind: str = "agent harness"
+    max_error_rate: float = 1.0  # env.max_error_rate: more failed agent runs in one call stop the run
+
+    def build_demo_records(self, policy: Any, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list:
+        """SFT demonstrations: the task's single-turn ones (the agent program is not scripted)."""
+        from tether.rollout.single import build_single_turn_demo_records
+
+        return build_single_turn_demo_records(policy, problems, cfg.data.task, cfg.data.chat, cfg.sft.demo_noise,
+                                              cfg.run.seed)
 
     def run(self, policy: Any, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
@@ -146,6 +154,11 @@ class HarnessRollout:
         }
         if correct:
             metrics["harness/success_rate"] = sum(bool(c) for c in correct) / len(correct)
+        if failed and metrics["harness/error_rate"] > self.max_error_rate:  # systematic: stop, name the cause (rule 9)
+            from tether.envs.runner import EnvFailure
+
+            raise EnvFailure(f"harness: {metrics['harness/error_rate']:.0%} of the agent runs failed (env.max_error_rate="
+                             f"{self.max_error_rate:g}); first: {failed[0].error}")
         return groups, metrics
 
     def _score(self, jobs, results: list[EpisodeResult], turns) -> list[RewardResult]:
@@ -174,24 +187,3 @@ def _stop(result: EpisodeResult, turns) -> StopReason:
     if result.outcome is not Outcome.OK or not turns:
         return StopReason.ENV_ERROR
     return StopReason.LENGTH if turns[-1].finish is StopReason.LENGTH else StopReason.DONE
-
-
-def collect_harness_groups(st: Any, cfg: Any) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """`tether.recipes.rl.collect_groups` for `harness.command`: B_p problems from the run's
-    stream, n agent runs each. Simplification: no dynamic-sampling refill (the agent is slow)."""
-    from tether.groups import select_informative_groups
-    from tether.rollout import compute_rollout_stats
-
-    h, r = cfg.harness, cfg.rollout
-    rollout = HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed)
-    groups, metrics = rollout.run(st.policy, st.stream.next_batch(r.problems_per_step), r.n, r.sampling, st.generator)
-    if metrics["harness/error_rate"] > cfg.env.max_error_rate:  # systematic: stop and name the cause (rule 9)
-        from tether.envs.runner import EnvFailure
-
-        first = next(t.reward.error for g in groups for t in g.trajectories if t.reward.outcome is not Outcome.OK)
-        raise EnvFailure(f"harness: {metrics['harness/error_rate']:.0%} of the agent runs failed (env.max_error_rate="
-                         f"{cfg.env.max_error_rate:g}); first: {first}")
-    metrics.update(compute_rollout_stats(groups))
-    _, fm = select_informative_groups(groups, cfg.algo.dynamic_sampling)
-    metrics["frac_zero_variance_groups"] = fm["frac_zero_variance"]
-    return groups, metrics

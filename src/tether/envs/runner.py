@@ -3,7 +3,7 @@
     groups, metrics = run_env_rollouts(policy, problems, n, cfg.rollout.sampling, cfg.env)
 
 Each problem is played by n fresh single-use environments. Every turn, the contexts of ALL live
-episodes are generated in one `run_generate` call (one batch per turn, as rollout.py batches a
+episodes are generated in one `run_generate` call (one batch per turn, as rollout/single.py batches a
 single-turn step); environment steps then run concurrently, each with a wall clock.
 
 Token in, token out (pitfalls.md 1, 2): a `Turn` stores the context ids the model saw (built
@@ -45,11 +45,11 @@ from tether.policy.chat import (
     TokenizationDrift,
     compute_context_ids,
     compute_segments,
+    decode_completion,
     encode_text,
     is_prefix_preserving,
 )
 from tether.policy.hf import HFPolicy, run_generate
-from tether.rollout import decode_completion
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup, Turn
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ def _run_summaries(policy: HFPolicy, live: list[_Episode], cfg: EnvConfig, sampl
                                        policy.stop_ids, cache) for e, d in zip(stale, dropped)]
         sp = sampling.model_copy(update={"max_new_tokens": c.summary_max_tokens})
         samples = generate(policy, prompts, sp, generator)
-        texts = [decode_completion(policy.tokenizer, s, policy.stop_ids) for s in samples]
+        texts = [decode_completion(policy.tokenizer, s.token_ids, policy.stop_ids) for s in samples]
     else:
         outs = [run_call(lambda d=d: str(fn(d)), cfg.step_timeout_s) for d in dropped]
         counts["summary_errors"] += sum(o.outcome is not Outcome.OK for o in outs)
@@ -298,7 +298,7 @@ def run_env_rollouts(
 
 
 def _make_action(policy: HFPolicy, s: Sample) -> Action:
-    text = decode_completion(policy.tokenizer, s, policy.stop_ids)
+    text = decode_completion(policy.tokenizer, s.token_ids, policy.stop_ids)
     return Action(text, s.token_ids, parse_tool_calls(text), truncated=s.finish is StopReason.LENGTH)
 
 
@@ -329,7 +329,7 @@ def _build_group(policy: HFPolicy, task: Mapping[str, Any], eps: list[_Episode],
         turns = tuple(
             Turn(context_ids=s.context_ids, action_ids=s.sample.token_ids, action_logprobs=s.sample.logprobs,
                  observation_ids=after[k] if k < len(after) else (), reward=r, finish=s.sample.finish,
-                 policy_version=s.sample.policy_version,
+                 policy_version=s.sample.policy_version, action_kept=s.sample.kept,
                  info={**s.info, "anchor": s.anchor, "env_reward": s.env_reward})
             for k, (s, r) in enumerate(zip(e.steps, turn_rewards))
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tether.envs.calls import run_calls
-from tether.policy.chat import Message
+from tether.types import Message
 from tether.types import Outcome
 
 MAX_RESULT_CHARS = 2000  # a tool's output enters the context: keep it bounded

@@ -1,28 +1,23 @@
-"""What the recipes call for environment tasks: SFT demonstrations and held-out evaluation.
+"""SFT demonstrations for environment tasks (`tether.rollout.episodes` serves them to the recipes).
 
 - `build_env_demo_records`: the scripted expert plays each problem in its environment; the
   conversation becomes one training sequence with the loss on assistant tokens only (each
   action plus the end-of-turn token the template expects, so SFT teaches the model to stop and
   to hand over to the environment). Contexts are assembled exactly as the rollout assembles
   append-only contexts (`tether.policy.chat.compute_segments`).
-- `run_env_eval`: success rate on held-out problems — sampled pass@1 / pass@k (unbiased) and
-  greedy success — with the same environment rollout as training.
+Held-out evaluation is the same for every task kind: `tether.eval.runner.run_eval` over the
+task's rollout (`tether.rollout.make_rollout`).
 """
 
 from __future__ import annotations
 
 import random
-import time
 from typing import Any, Mapping, Sequence
 
-import torch
-
 from tether.batching import SeqRecord, build_sequences
-from tether.config import ContextConfig, EnvConfig, EvalConfig, SamplingConfig
+from tether.config import ContextConfig
 from tether.envs.base import run_expert_episode
 from tether.envs.context import compute_dropped_messages, load_summarizer, select_context_messages, summarize_tool_results
-from tether.envs.runner import run_env_rollouts
-from tether.eval.passk import mean_pass_at_k
 from tether.policy.chat import Message, compute_context_ids, compute_end_of_turn_id, compute_segments, encode_text
 from tether.policy.hf import HFPolicy
 from tether.types import RewardResult, StopReason, Trajectory, Turn
@@ -79,45 +74,3 @@ def _windowed_demo_records(policy: HFPolicy, msgs: Sequence[Message], schemas: l
         steps.append(Turn(context_ids=ctx, action_ids=turn[0].action_ids, action_logprobs=(0.0,) * len(turn[0].action_ids)))
     traj = Trajectory(str(i), tuple(steps), RewardResult(total=0.0), StopReason.DONE)
     return build_sequences(traj, i, i, True)
-
-
-def run_env_eval(
-    policy: HFPolicy,
-    problems: Sequence[Mapping[str, Any]],
-    eval_cfg: EvalConfig,
-    env_cfg: EnvConfig,
-    seed: int = 0,
-    batch_size: int = 256,
-    greedy: bool = True,
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """`eval/pass@1`, `eval/pass@k`, `eval/greedy_accuracy`, `eval/reward_mean`, `eval/turns_mean`
-    and per-episode rows, for environment tasks (the metric names of `tether.eval.runner`)."""
-    t0 = time.perf_counter()
-    probs = list(problems[: eval_cfg.problems] if eval_cfg.problems else problems)
-    was_training = policy.model.training
-    policy.model.eval()
-    n = eval_cfg.samples
-    gen = torch.Generator().manual_seed(seed)
-    groups, m = run_env_rollouts(policy, probs, n, eval_cfg.sampling, env_cfg, gen, batch_size)
-    counts = [(n, sum(bool(t.reward.correct) for t in g.trajectories)) for g in groups]
-    metrics: dict[str, float] = {"eval/problems": float(len(groups)), "eval/pass@1": mean_pass_at_k(counts, 1)}
-    k = 2
-    while k <= n:
-        metrics[f"eval/pass@{k}"] = mean_pass_at_k(counts, k)
-        k *= 2
-    rewards = [t.reward.total for g in groups for t in g.trajectories]
-    metrics["eval/reward_mean"] = sum(rewards) / max(len(rewards), 1)
-    metrics["eval/turns_mean"] = m["env/turns_mean"]
-    rows = [{"task_id": g.task_id, "prompt": g.task.get("prompt"), "answer": g.task.get("answer"),
-             "completion": t.info.get("text"), "reward": t.reward.total, "correct": t.reward.correct,
-             "stop": t.stop.value}
-            for g in groups for t in g.trajectories]
-    if greedy:
-        sampling = SamplingConfig(max_new_tokens=eval_cfg.sampling.max_new_tokens)
-        ggroups, _ = run_env_rollouts(policy, probs, 1, sampling, env_cfg, None, batch_size, greedy=True)
-        solved = sum(bool(g.trajectories[0].reward.correct) for g in ggroups)
-        metrics["eval/greedy_accuracy"] = solved / max(len(ggroups), 1)
-    metrics["time/eval"] = time.perf_counter() - t0
-    if was_training:
-        policy.model.train()
-    return metrics, rows

@@ -17,7 +17,6 @@ from tether.config import EvalConfig, RewardComponentConfig, RewardConfig, Sampl
 from tether.eval.tts import ProblemSamples, compute_pass_rates, compute_power_of_two_metrics, compute_tts_curves
 from tether.policy.hf import HFPolicy
 from tether.rewards import extract_answer
-from tether.rollout import run_rollouts
 from tether.types import Trajectory, TrajectoryGroup
 
 
@@ -87,15 +86,15 @@ def run_eval(
     policy: HFPolicy,
     problems: Sequence[Mapping[str, Any]],
     eval_cfg: EvalConfig,
+    rollout: Any,
     reward_cfg: RewardConfig,
     seed: int = 0,
-    batch_size: int = 256,
-    chat: bool = False,
     greedy: bool = True,
     curves_out: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Metrics (`eval/pass@k`, `eval/maj@k`, `eval/best@k` at k = 1, 2, 4, ... <= samples,
-    `eval/greedy_accuracy`, `eval/reward_mean`) and per-sample rows for `samples/eval_*.jsonl.gz`.
+    `eval/greedy_accuracy`, `eval/reward_mean`, `eval/turns_mean`) and per-sample rows for
+    `samples/eval_*.jsonl.gz`, through `rollout` (a `tether.rollout.Rollout`: any task kind).
 
     `curves_out`, when given, receives the full curves for every k (`tether.eval.tts`) and the
     per-problem pass rates.
@@ -106,27 +105,31 @@ def run_eval(
     was_training = policy.model.training
     policy.model.eval()
     n = eval_cfg.samples
-    groups, _ = run_rollouts(policy, probs, n, eval_cfg.sampling, reward_cfg, gen, batch_size, chat=chat)
-    scores = compute_selector_scores(groups, eval_cfg.best_of, reward_cfg)
-    samples = make_eval_problems(groups, scores)
-    curves = compute_tts_curves(samples)
-    metrics: dict[str, float] = {"eval/problems": float(len(groups)), **compute_power_of_two_metrics(curves)}
-    rewards = [t.reward.total for g in groups for t in g.trajectories]
-    metrics["eval/reward_mean"] = sum(rewards) / max(len(rewards), 1)
-    rows = [
-        {"task_id": g.task_id, "prompt": g.task.get("prompt"), "answer": g.task.get("answer"),
-         "completion": t.info.get("text"), "reward": t.reward.total, "correct": t.reward.correct,
-         "pred": p.answers[j], "score": p.scores[j], "tokens": t.num_action_tokens}
-        for g, p in zip(groups, samples) for j, t in enumerate(g.trajectories)
-    ]
-    if greedy:
-        sampling = SamplingConfig(max_new_tokens=eval_cfg.sampling.max_new_tokens)
-        ggroups, _ = run_rollouts(policy, probs, 1, sampling, reward_cfg, None, batch_size, chat=chat, greedy=True)
-        metrics["eval/greedy_accuracy"] = sum(bool(g.trajectories[0].reward.correct) for g in ggroups) / max(len(ggroups), 1)
+    try:
+        groups, m = rollout.run(policy, probs, n, eval_cfg.sampling, gen)
+        scores = compute_selector_scores(groups, eval_cfg.best_of, reward_cfg)
+        samples = make_eval_problems(groups, scores)
+        curves = compute_tts_curves(samples)
+        metrics: dict[str, float] = {"eval/problems": float(len(groups)), **compute_power_of_two_metrics(curves)}
+        rewards = [t.reward.total for g in groups for t in g.trajectories]
+        metrics["eval/reward_mean"] = sum(rewards) / max(len(rewards), 1)
+        turns = [len(t.turns) for g in groups for t in g.trajectories]
+        metrics["eval/turns_mean"] = sum(turns) / max(len(turns), 1)
+        rows = [
+            {"task_id": g.task_id, "prompt": g.task.get("prompt"), "answer": g.task.get("answer"),
+             "completion": t.info.get("text"), "reward": t.reward.total, "correct": t.reward.correct,
+             "pred": p.answers[j], "score": p.scores[j], "tokens": t.num_action_tokens, "stop": t.stop.value}
+            for g, p in zip(groups, samples) for j, t in enumerate(g.trajectories)
+        ]
+        if greedy:
+            sampling = SamplingConfig(max_new_tokens=eval_cfg.sampling.max_new_tokens)
+            ggroups, _ = rollout.run(policy, probs, 1, sampling, None, greedy=True)
+            metrics["eval/greedy_accuracy"] = sum(bool(g.trajectories[0].reward.correct) for g in ggroups) / max(len(ggroups), 1)
+    finally:
+        if was_training:
+            policy.model.train()
     metrics["time/eval"] = time.perf_counter() - t0
     if curves_out is not None:
         curves_out.update(curves=curves, pass_rates=compute_pass_rates(samples),
                           best_of=eval_cfg.best_of)
-    if was_training:
-        policy.model.train()
     return metrics, rows

@@ -1,8 +1,10 @@
 """The planner's pilot: a few rollouts per problem from the starting checkpoint.
 
 The pilot samples training problems at the *training* sampling settings (what RL will see), so
-its pass rates are the ones GRPO groups will have at step 0. It records per-problem success
-counts and the sampled tokens per rollout (to convert a token budget into rollouts).
+its pass rates are the ones GRPO groups will have at step 0. It plays the problems through the
+task's rollout (`tether.rollout.make_rollout`): real episodes for an environment task. It records
+per-problem success counts and the sampled tokens per rollout (to convert a token budget into
+rollouts).
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tether.config import RewardConfig, SamplingConfig
+from tether.config import SamplingConfig
 from tether.policy.hf import HFPolicy
-from tether.rollout import run_rollouts
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class PilotResult:
     prompt_tokens_per_rollout: float
     model: str = ""
     seconds: float = 0.0
+    rollout: str = ""  # the rollout kind that produced the counts (tether.rollout)
 
     @property
     def pass_rates(self) -> dict[str, float]:
@@ -44,7 +46,8 @@ class PilotResult:
         return cls(task_ids=tuple(data["task_ids"]), counts=tuple((int(n), int(c)) for n, c in data["counts"]),
                    tokens_per_rollout=float(data["tokens_per_rollout"]),
                    prompt_tokens_per_rollout=float(data.get("prompt_tokens_per_rollout", 0.0)),
-                   model=str(data.get("model", "")), seconds=float(data.get("seconds", 0.0)))
+                   model=str(data.get("model", "")), seconds=float(data.get("seconds", 0.0)),
+                   rollout=str(data.get("rollout", "")))
 
     @classmethod
     def load(cls, path: str | Path) -> "PilotResult":
@@ -52,8 +55,7 @@ class PilotResult:
 
 
 def run_pilot(policy: HFPolicy, problems: Sequence[Mapping[str, Any]], num_problems: int, samples: int,
-              sampling: SamplingConfig, reward_cfg: RewardConfig, seed: int = 0, batch_size: int = 256,
-              max_prompt_tokens: int | None = None, chat: bool = False, model: str = "") -> PilotResult:
+              sampling: SamplingConfig, rollout: Any, seed: int = 0, model: str = "") -> PilotResult:
     """`samples` rollouts for each of `num_problems` training problems drawn at random (seeded)."""
     if samples < 2:
         raise ValueError("the pilot needs >= 2 samples per problem to see pass rates")
@@ -64,7 +66,7 @@ def run_pilot(policy: HFPolicy, problems: Sequence[Mapping[str, Any]], num_probl
     was_training = policy.model.training
     policy.model.eval()
     try:
-        groups, _ = run_rollouts(policy, chosen, samples, sampling, reward_cfg, gen, batch_size, max_prompt_tokens, chat)
+        groups, _ = rollout.run(policy, chosen, samples, sampling, gen)
     finally:
         if was_training:
             policy.model.train()
@@ -74,4 +76,5 @@ def run_pilot(policy: HFPolicy, problems: Sequence[Mapping[str, Any]], num_probl
     return PilotResult(
         task_ids=tuple(g.task_id for g in groups),
         counts=tuple((len(g.trajectories), sum(bool(t.reward.correct) for t in g.trajectories)) for g in groups),
-        tokens_per_rollout=tokens, prompt_tokens_per_rollout=prompt, model=model, seconds=time.perf_counter() - t0)
+        tokens_per_rollout=tokens, prompt_tokens_per_rollout=prompt, model=model, seconds=time.perf_counter() - t0,
+        rollout=rollout.kind)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tether.errors import UserError
+from tether.types import Message  # re-exported: defined with the other values that flow through a step
 
 SENTINEL = "\u27e6tether-action-{}\u27e7"  # ⟦tether-action-k⟧: never produced by a template
 _SENTINEL_RE = re.compile("\u27e6tether-action-(\\d+)\u27e7")
@@ -39,17 +40,22 @@ class TokenizationDrift(RuntimeError):
     """A new context does not extend the previous context + action (rollout.on_drift=fail)."""
 
 
-@dataclass(frozen=True)
-class Message:
-    """One chat message. `action_ids` are the ids an assistant sampled: when set, they are
-    spliced into contexts verbatim and `content` (their decoded text) is for display only."""
+def encode_prompt(tokenizer, problem: Mapping[str, Any], chat: bool = False) -> list[int]:
+    """Prompt token ids of a single-turn problem: raw text, or the chat template with a generation
+    prompt (always for a problem whose prompt is a list of chat messages, e.g. verl's parquet layout)."""
+    if chat or problem.get("messages"):
+        msgs = problem.get("messages") or [{"role": "user", "content": problem["prompt"]}]
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+    return list(tokenizer.encode(problem["prompt"], add_special_tokens=True))
 
-    role: str
-    content: str
-    action_ids: tuple[int, ...] | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+def decode_completion(tokenizer, token_ids: Sequence[int], stop_ids: Sequence[int]) -> str:
+    """Completion text of sampled ids, cut at (and without) the stop token."""
+    ids = list(token_ids)
+    if ids and ids[-1] in stop_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 @dataclass(frozen=True)

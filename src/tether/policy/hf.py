@@ -15,6 +15,8 @@ checkpointing per chunk when gradients are needed, so the B x T x V logits never
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -128,8 +130,9 @@ def make_policy(model, tokenizer, device: str = "cpu", autocast_bf16: bool | str
 # ----------------------------------------------------------------------------- sampling
 
 
-def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then nucleus truncation; removed entries become -inf."""
+def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """Top-k, then nucleus, then min-p truncation (arXiv 2407.01082); removed entries become -inf.
+    Every filter keeps the highest logits, so the kept set is described by its size alone."""
     if top_k and top_k < logits_BV.shape[-1]:
         kth = torch.topk(logits_BV, top_k, dim=-1).values[..., -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
@@ -140,7 +143,27 @@ def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.T
         drop_sorted = (probs.cumsum(-1) - probs) >= top_p
         drop = drop_sorted.scatter(-1, idx, drop_sorted)
         logits_BV = logits_BV.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:  # keep p >= min_p * p_max, i.e. logit >= max logit + log(min_p)
+        floor = logits_BV.max(-1, keepdim=True).values + math.log(min_p)
+        logits_BV = logits_BV.masked_fill(logits_BV < floor, float("-inf"))
     return logits_BV
+
+
+def apply_sampling_mask(logits_BTV: torch.Tensor, kept_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """The distribution the sampler drew from (DeepSeek-V3.2, arXiv 2512.02556, "Keep Sampling
+    Mask"): at each position with kept count k > 0 only the k highest logits stay, so a softmax
+    renormalises over the truncated set; k = 0 keeps the full vocabulary. The sampled target is
+    never masked (a logit that moved across the boundary between two forwards costs a little
+    mass, not an infinite log-ratio)."""
+    k_max = int(kept_BT.max())
+    if k_max <= 0:
+        return logits_BTV
+    k_max = min(k_max, logits_BTV.shape[-1])
+    top = torch.topk(logits_BTV.detach(), k_max, dim=-1).values  # [B, T, k_max]
+    thr = top.gather(-1, (kept_BT.clamp(1, k_max) - 1)[..., None])  # the k-th largest logit
+    drop = (logits_BTV.detach() < thr) & (kept_BT > 0)[..., None]
+    drop = drop.scatter(-1, targets_BT[..., None], False)
+    return logits_BTV.masked_fill(drop, float("-inf"))
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,7 +312,9 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
 
     lean_ok = policy.lean_decode and decode.supports(model)
     cache = _make_decode_cache(model, W if lean_ok else W + max_new)  # the lean decoder keeps its own
-    filtered = bool(sampling.top_k) or sampling.top_p < 1.0
+    filtered = bool(sampling.top_k) or sampling.top_p < 1.0 or sampling.min_p > 0.0
+    record = filtered and sampling.keep_mask and not greedy  # the sampling mask, for the trainer
+    kept = torch.zeros((B, max_new), dtype=torch.int32, device=dev) if record else None
     # one autocast region for the whole loop: bf16 weight casts are made once, not per token
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
         res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
@@ -308,7 +333,9 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
                 if sampling.temperature != 1.0:
                     logits = logits / sampling.temperature
                 if filtered:
-                    logits = _filter_logits(logits, sampling.top_k, sampling.top_p)
+                    logits = _filter_logits(logits, sampling.top_k, sampling.top_p, sampling.min_p)
+                    if kept is not None:
+                        kept[:, t] = torch.isfinite(logits).sum(-1)
                 logp_V = torch.log_softmax(logits, -1)
                 tok = _sample_inverse_cdf(logp_V, generator)
             tok = torch.where(finished, pad, tok)
@@ -327,6 +354,7 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
                 logits = res.logits[:, -1]
             next_pos = next_pos + 1
     tokens, logps, lengths, finished = tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu()
+    kept = kept.cpu() if kept is not None else None
     samples = []
     for i in range(B):
         n = int(lengths[i])
@@ -336,6 +364,7 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
             logprobs=tuple(logps[i, :n].tolist()),
             finish=StopReason.EOS if bool(finished[i]) else StopReason.LENGTH,
             policy_version=policy.version,
+            kept=tuple(kept[i, :n].tolist()) if kept is not None else (),
         ))
     return samples
 
@@ -353,18 +382,23 @@ def _backbone_and_head(model: torch.nn.Module):
     return backbone, head
 
 
-def _chunk_logp_entropy(h_BCH, weight_VH, bias_V, targets_BC, inv_temp: float, softcap: float | None, with_entropy: bool):
+def _chunk_logp_entropy(h_BCH, weight_VH, bias_V, targets_BC, inv_temp: float, softcap: float | None, with_entropy: bool,
+                        kept_BC=None):
     # fp32 logits: the LM head runs outside autocast (ScaleRL: FP32 logits matter)
     logits = F.linear(h_BCH.float(), weight_VH.float(), None if bias_V is None else bias_V.float())
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     logits = logits * inv_temp
+    if kept_BC is not None:  # score under the truncated distribution the sampler drew from
+        logits = apply_sampling_mask(logits, kept_BC, targets_BC)
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets_BC[..., None]).squeeze(-1) - lse
     if not with_entropy:
         return logp, torch.zeros_like(logp)
-    ent = lse - (logits.softmax(-1) * logits).sum(-1)
-    return logp, ent
+    if kept_BC is None:
+        return logp, lse - (logits.softmax(-1) * logits).sum(-1)
+    probs = logits.softmax(-1)
+    return logp, lse - (probs * logits.masked_fill(probs == 0, 0.0)).sum(-1)  # 0 * -inf = 0 where masked
 
 
 def compute_logprobs(
@@ -375,8 +409,10 @@ def compute_logprobs(
     with_entropy: bool = False,
     chunk_size: int = 256,
     pack: bool = False,
+    kept_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs (and entropies) of `input_ids_BT` under the policy at `temperature`.
+    """Per-token log-probs (and entropies) of `input_ids_BT` under the policy at `temperature`
+    (and under the sampler's truncation where `kept_BT`, aligned with the ids, is > 0).
 
     Returns logp_BT, entropy_BT: [B,T]; entry t scores token t given tokens < t; column 0 is 0.
     Sequences are right-padded (positions are 0..L-1 for real tokens). Gradients flow when
@@ -397,13 +433,15 @@ def compute_logprobs(
         if hidden is None:  # no cache: transformers would otherwise copy every layer's keys/values into one
             hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
     count_trained(policy, hidden.shape[0] * hidden.shape[1])
-    lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size)
+    kept = None if kept_BT is None else kept_BT[:, 1:].to(ids.device)
+    lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size, kept)
     zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
     return torch.cat([zero, lp], dim=1), torch.cat([zero, ent], dim=1)
 
 
 def compute_head_logprobs(model, h_BTH: torch.Tensor, targets_BT: torch.Tensor, temperature: float = 1.0,
-                          with_entropy: bool = False, chunk_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+                          with_entropy: bool = False, chunk_size: int = 256,
+                          kept_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(targets_BT[:, t] | h_BTH[:, t]) and entropies via the LM head, in chunks of positions
     (checkpointed under grad), so the B x T x V logits never exist at once."""
     _, head = _backbone_and_head(model)
@@ -411,7 +449,8 @@ def compute_head_logprobs(model, h_BTH: torch.Tensor, targets_BT: torch.Tensor, 
     weight, bias = head.weight, getattr(head, "bias", None)
     lps, ents = [], []
     for s in range(0, h_BTH.shape[1], chunk_size):
-        args = (h_BTH[:, s:s + chunk_size], weight, bias, targets_BT[:, s:s + chunk_size], 1.0 / temperature, softcap, with_entropy)
+        args = (h_BTH[:, s:s + chunk_size], weight, bias, targets_BT[:, s:s + chunk_size], 1.0 / temperature, softcap, with_entropy,
+                None if kept_BT is None else kept_BT[:, s:s + chunk_size])
         if torch.is_grad_enabled() and h_BTH.shape[1] > chunk_size:
             lp, en = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)
         else:

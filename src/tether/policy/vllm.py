@@ -8,13 +8,16 @@ The sampler must sample from exactly the distribution the trainer scores (pitfal
 Golubev et al.: sampling filters silently enabled in the engine broke the importance ratios):
 - `generation_config="vllm"`: the model's generation_config.json (top_k=50, top_p=0.8, ...)
   never becomes a default;
-- every sampling field is set explicitly (`compute_sampling_kwargs`): temperature, top_p, top_k
-  from the config, min_p 0, no penalties, no bias, no min_tokens; `check_sampling_params` reads
+- every sampling field is set explicitly (`compute_sampling_kwargs`): temperature, top_p, top_k,
+  min_p from the config, no penalties, no bias, no min_tokens; `check_sampling_params` reads
   the constructed SamplingParams back and refuses any field that differs;
 - `logprobs_mode="processed_logprobs"`: returned log-probs are those of the processed
   distribution (logits / T, filtered) — tinker-feedback#148; `check_engine_logprobs` proves it
   at start-up by recomputing them from the full raw distribution (prompt_logprobs=-1);
-- no prefix caching: a cached KV block from the previous weights would survive a sync.
+- no prefix caching: a cached KV block from the previous weights would survive a sync;
+- the engine does not report its sampling mask (which tokens top-k / top-p / min-p kept), so the
+  config refuses those filters with this backend unless `rollout.sampling.keep_mask=false`
+  (`tether.dist.config.find_dist_problems`); the HF sampler records it (`Sample.kept`).
 
 Weights are loaded in place through a worker extension (`TetherWorkerExtension`) with
 `model.load_weights` (vLLM's name mapping and fusing of q/k/v and gate/up), from the same numpy
@@ -52,6 +55,7 @@ def compute_sampling_kwargs(sampling: Any, stop_ids: Sequence[int], max_tokens: 
         "temperature": 0.0 if greedy else float(sampling.temperature),
         "top_p": 1.0 if greedy else float(sampling.top_p),
         "top_k": 0 if greedy else int(sampling.top_k),  # 0 (or -1) disables top-k in vLLM
+        "min_p": 0.0 if greedy else float(getattr(sampling, "min_p", 0.0)),
         "max_tokens": int(max_tokens),
         "seed": seed,
         "logprobs": 0,  # the sampled token's log-prob only
@@ -87,7 +91,8 @@ def compute_expected_sample_logprob(raw_logprobs_V: torch.Tensor, token: int, sa
     the sampler's log_softmax(filter(logits / T))."""
     from tether.policy.hf import _filter_logits  # the sampler's own truncation, so the semantics match
 
-    z = _filter_logits(raw_logprobs_V.float()[None] / sampling.temperature, sampling.top_k, sampling.top_p)
+    z = _filter_logits(raw_logprobs_V.float()[None] / sampling.temperature, sampling.top_k, sampling.top_p,
+                       getattr(sampling, "min_p", 0.0))
     return float(torch.log_softmax(z, -1)[0, token])
 
 

@@ -14,15 +14,19 @@ from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import sanitize_json
 from tether.policy.hf import load_policy
 from tether.recipes.common import seed_run, setup_problems
+from tether.rollout import make_rollout
 
 
 def resolve_run(target: Path) -> Path:
     """A run directory, or the `rl/` (else `sft/`) sub-run of a pipeline directory like the demo's."""
-    if (target / "config.yaml").is_file():
+    has_model = find_latest_checkpoint(target) is not None or (target / "final_model" / "config.json").is_file()
+    if (target / "config.yaml").is_file() and has_model:
         return target
     for sub in ("rl", "sft"):
         if (target / sub / "config.yaml").is_file():
             return target / sub
+    if (target / "config.yaml").is_file():
+        return target  # a run without a model yet: find_model_dir says so
     raise FileNotFoundError(f"{target}: no config.yaml here (nor in rl/ or sft/): not a tether run directory")
 
 
@@ -63,8 +67,8 @@ def run_eval_command(target: Path, overrides: list[str], out: Path | None = None
     policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     _, held_out = setup_problems(cfg)
     extra: dict[str, Any] = {}
-    metrics, rows = run_eval(policy, held_out, cfg.eval, cfg.reward, seed=cfg.run.seed + 17,
-                             batch_size=cfg.rollout.batch_size, chat=cfg.data.chat, curves_out=extra)
+    rollout = make_rollout(cfg)  # the run's own rollout: single-turn samples or environment episodes
+    metrics, rows = run_eval(policy, held_out, cfg.eval, rollout, cfg.reward, seed=cfg.run.seed + 17, curves_out=extra)
     out_dir = Path(out or default_out)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = []
@@ -75,10 +79,10 @@ def run_eval_command(target: Path, overrides: list[str], out: Path | None = None
                  for name, curve in extra["curves"].items() if name != "mean@k"}
         plots.append(str(plot_eval_curve(named, out_dir / "plots" / "eval_tts.png", title="test-time scaling",
                                           ylabel="fraction of problems solved")))
-    payload = {"model": str(model_dir), "metrics": metrics, "best_of": extra["best_of"],
+    payload = {"model": str(model_dir), "task": cfg.data.task, "rollout": rollout.kind, "metrics": metrics, "best_of": extra["best_of"],
                "sampling": cfg.eval.sampling.model_dump(), "samples_per_problem": cfg.eval.samples,
                "curves": {name: {str(k): v for k, v in curve.items()} for name, curve in extra["curves"].items()},
                "pass_rates": extra["pass_rates"], "plots": plots, "samples": rows[:50]}
     path = out_dir / "eval.json"
     path.write_text(json.dumps(sanitize_json(payload)[0], indent=2))
-    return {"model": str(model_dir), **metrics}, path
+    return {"model": str(model_dir), "task": cfg.data.task, "rollout": rollout.kind, **metrics}, path

@@ -107,9 +107,10 @@ def _score(policy: Any, problems: list[dict], cfg: Any, seed: int) -> float:
     """pass@1 from 4 samples of every problem (the runs' own evaluations are kept minimal)."""
     from tether.config import EvalConfig
     from tether.eval.runner import run_eval
+    from tether.rollout import make_rollout
 
     ev = EvalConfig(problems=None, samples=4, sampling=cfg.eval.sampling)
-    m, _ = run_eval(policy, problems, ev, cfg.reward, seed=seed, batch_size=256, greedy=False)
+    m, _ = run_eval(policy, problems, ev, make_rollout(cfg), cfg.reward, seed=seed, greedy=False)
     return m["eval/pass@1"]
 
 

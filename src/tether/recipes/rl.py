@@ -25,17 +25,14 @@ from typing import Any
 
 import torch
 
-from tether.algos import AdaptiveKLController, AdvantageInputs, compute_advantages, compute_kl_in_reward
+from tether.algos import ADVANTAGES, AdaptiveKLController, AdvantageInputs, compute_advantages, compute_kl_in_reward
 from tether.batching import build_records, pad_records
 from tether.config import TetherConfig, dump_config
 from tether.data import ProblemStream
-from tether.envs import is_env_task
 from tether.envs.credit import compute_step_fields
-from tether.envs.runner import run_env_rollouts
-from tether.envs.training import run_env_eval
 from tether.eval.runner import run_eval
-from tether.groups import apply_reward_shaping, compute_compact_weights, select_informative_groups
-from tether.health import build_faults, build_health, compute_advantage_alignment, compute_weights_fingerprint
+from tether.groups import apply_reward_shaping, compute_compact_weights
+from tether.health import build_faults, build_health, compute_advantage_alignment
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
@@ -49,7 +46,7 @@ from tether.recipes.common import (
     setup_problems,
 )
 from tether.rewards.live import set_policy as set_live_policy
-from tether.rollout import compute_rollout_stats, run_rollouts
+from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
 from tether.types import TrainBatch, TrajectoryGroup
 from tether.update import UpdateState, compute_batch_logprobs, run_update
 
@@ -69,7 +66,8 @@ class RLState:
         self.stream = ProblemStream(train_problems, cfg.run.seed)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         params = list(policy.model.parameters())
-        self.critic = ValueModel(policy.model).to(policy.device) if a.advantage.name == "gae" else None
+        facts = ADVANTAGES.facts(a.advantage.name)
+        self.critic = ValueModel(policy.model).to(policy.device) if facts.needs_critic else None
         self.optimizer = build_optimizer(params, t.lr, t.weight_decay, t.betas)
         if self.critic is not None:
             self.optimizer.add_param_group({"params": list(self.critic.parameters()), "lr": a.value.lr})
@@ -105,40 +103,6 @@ class RLState:
             self.critic.load_state_dict(extra["critic"])
 
 
-def collect_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """Rollouts for B_p problems; with dynamic sampling, redraw until B_p informative groups."""
-    r, ds = cfg.rollout, cfg.algo.dynamic_sampling
-    kept: list[TrajectoryGroup] = []
-    metrics: dict[str, float] = {}
-    rounds = 1 + (ds.max_gen_batches if ds.enable else 0)
-    for i in range(rounds):
-        problems = st.stream.next_batch(r.problems_per_step)
-        problems = st.faults.begin_rollout(problems)  # seams: data, sampler, weight sync (tether.health.faults)
-        if is_env_task(cfg.data.task):  # multi-turn environment (tether.envs)
-            groups, m = run_env_rollouts(st.policy, problems, r.n, r.sampling, cfg.env, st.generator, r.batch_size,
-                                         on_drift=r.on_drift)
-        else:
-            groups, m = run_rollouts(st.policy, problems, r.n, r.sampling, cfg.reward, st.generator, r.batch_size,
-                                     r.max_prompt_tokens, cfg.data.chat)
-        m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))  # weights that sampled (health: stale sync)
-        groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
-        if i == 0:
-            metrics.update(m)
-            metrics.update(compute_rollout_stats(groups))
-        else:
-            for k in ("time/generate", "time/reward", "rollout/gen_tokens"):
-                metrics[k] = metrics.get(k, 0.0) + m.get(k, 0.0)
-        informative, fm = select_informative_groups(groups, ds)
-        if i == 0:
-            metrics["frac_zero_variance_groups"] = fm["frac_zero_variance"]
-        kept.extend(informative)
-        if len(kept) >= r.problems_per_step:
-            break
-    metrics["dynamic_sampling/rounds"] = float(i + 1)
-    metrics["dynamic_sampling/shortfall"] = float(max(0, r.problems_per_step - len(kept)))
-    return kept[: r.problems_per_step], metrics
-
-
 def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
     """Groups -> padded sequences -> advantages (and KL-in-reward, critic values, ReMax baseline)."""
     a, metrics = cfg.algo, {}
@@ -151,7 +115,7 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
     token_rewards, values, baseline = p.token_rewards_BT, None, None
     if st.ref is not None and a.kl.placement == "reward" and st.update.kl_coef > 0:
         stub = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT,
-                          torch.zeros_like(p.rollout_logp_BT), p.group_B, p.traj_B)
+                          torch.zeros_like(p.rollout_logp_BT), p.group_B, p.traj_B, kept_BT=p.kept_BT)
         ref_logp = compute_batch_logprobs(st.ref, stub, temp, cfg.train.micro_batch_tokens)
         token_rewards, kl_BT = compute_kl_in_reward(token_rewards, p.rollout_logp_BT, ref_logp, p.loss_mask_BT,
                                                     st.update.kl_coef, a.kl.estimator, a.kl.clamp)
@@ -159,15 +123,15 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
     if st.critic is not None:
         with torch.no_grad():
             values = st.critic(p.input_ids_BT.to(st.policy.device), p.attention_mask_BT.to(st.policy.device)).float().cpu()
-    if a.advantage.name == "remax":
-        baseline = compute_greedy_baseline(st, cfg, groups)[p.group_B]
+    if ADVANTAGES.facts(a.advantage.name).needs_greedy_baseline:
+        baseline = compute_greedy_baseline(st.policy, cfg, groups)[p.group_B]
     adv = compute_advantages(AdvantageInputs(
         scores_B=p.scores_B, token_rewards_BT=token_rewards, mask_BT=p.loss_mask_BT, group_B=p.group_B,
         traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline, **compute_step_fields(groups, p)),
         a.advantage)
     adv = st.faults.on_advantages(adv, p.group_B)  # seam: credit assignment
     batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
-                       p.group_B, p.traj_B, adv.returns_BT, values)
+                       p.group_B, p.traj_B, adv.returns_BT, values, kept_BT=p.kept_BT)  # kept: the sampling mask
     batch = st.faults.on_batch(batch)  # seam: the loss's inputs (loss mask, advantages, rollout log-probs)
     mask = p.loss_mask_BT > 0
     metrics["advantage/mean"] = float(adv.advantages_BT[mask].mean()) if mask.any() else 0.0
@@ -178,15 +142,9 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
     return batch, metrics
 
 
-def compute_greedy_baseline(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> torch.Tensor:
-    """ReMax (arXiv 2310.10505 §4): the reward of one greedy rollout per problem."""
-    greedy, _ = run_rollouts(st.policy, [g.task for g in groups], 1, cfg.rollout.sampling, cfg.reward, None,
-                             cfg.rollout.batch_size, None, cfg.data.chat, greedy=True)
-    return torch.tensor([g.trajectories[0].reward.total for g in greedy], dtype=torch.float32)
-
-
 def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups) -> tuple[dict[str, float], list[TrajectoryGroup]]:
-    """One RL step; `collect(st, cfg) -> (groups, metrics)` is the rollout side (recipes/rl_async.py swaps it)."""
+    """One RL step; `collect(st, cfg) -> (groups, metrics)` is the rollout side (tether.rollout.collect_groups;
+    recipes/rl_async.py swaps in the Ray workers)."""
     t0 = time.perf_counter()
     groups, metrics = collect(st, cfg)
     rewards = [t.reward.total for g in groups for t in g.trajectories]
@@ -232,11 +190,7 @@ def _sample_rows(groups: list[TrajectoryGroup], limit: int) -> list[dict[str, An
 
 
 def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -> dict[str, float]:
-    if is_env_task(cfg.data.task):
-        m, rows = run_env_eval(st.policy, held_out, cfg.eval, cfg.env, seed=cfg.run.seed + 17, batch_size=cfg.rollout.batch_size)
-    else:
-        m, rows = run_eval(st.policy, held_out, cfg.eval, cfg.reward, seed=cfg.run.seed + 17, batch_size=cfg.rollout.batch_size,
-                           chat=cfg.data.chat)
+    m, rows = run_eval(st.policy, held_out, cfg.eval, make_rollout(cfg), cfg.reward, seed=cfg.run.seed + 17)
     rd.write_samples(step, rows, kind="eval")
     return m
 
@@ -245,10 +199,6 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
            collect=collect_groups) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
     t_start = time.perf_counter()
-    if cfg.harness.command and collect is collect_groups:  # a black-box agent program (tether.envs.harness)
-        from tether.envs.harness import collect_harness_groups
-
-        collect = collect_harness_groups
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
     seed_run(cfg.run)

@@ -37,7 +37,6 @@ from typing import Any
 from tether.config import ConfigError, TetherConfig
 from tether.dist.cluster import start_cluster
 from tether.dist.controller import AsyncRollouts
-from tether.envs import is_env_task
 from tether.io.run_dir import make_run_dir
 from tether.recipes.rl import run_rl
 
@@ -51,9 +50,6 @@ def prepare_async_config(cfg: TetherConfig) -> TetherConfig:
     if cfg.health.inject:
         raise ConfigError("health.inject: fault injection is not wired into Ray rollout workers; "
                           "run faultbench with `tether train` (recipes/rl.py)")
-    if d.partial.token_budget is not None and not is_env_task(cfg.data.task):
-        raise ConfigError(f"dist.partial.token_budget parks multi-turn episodes between turns; data.task="
-                          f"{cfg.data.task!r} is single-turn: drop the budget or use an environment task")
     cfg = cfg.model_copy(deep=True)
     bound = d.max_staleness + (d.partial.max_parks if d.partial.token_budget else 0) \
         + d.cross_policy.pool_size * d.cross_policy.every

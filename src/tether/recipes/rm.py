@@ -33,14 +33,13 @@ from tether.rewards.rm import (
 def build_verifier_pairs(cfg: TetherConfig) -> list[dict[str, str]]:
     """Sample `rm.samples` completions per training problem from model.path; pair correct over incorrect."""
     from tether.policy.hf import load_policy
-    from tether.rollout import run_rollouts
+    from tether.rollout import make_rollout
 
     policy = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     train, _ = setup_problems(cfg)
     problems = train[: cfg.rm.problems]
     gen = torch.Generator().manual_seed(cfg.run.seed)
-    groups, _ = run_rollouts(policy, problems, cfg.rm.samples, cfg.rollout.sampling, cfg.reward, gen,
-                             cfg.rollout.batch_size, cfg.rollout.max_prompt_tokens, cfg.data.chat)
+    groups, _ = make_rollout(cfg).run(policy, problems, cfg.rm.samples, cfg.rollout.sampling, gen)
     return make_pairs_from_groups(groups)
 
 

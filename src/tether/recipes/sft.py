@@ -12,7 +12,6 @@ Deliberate simplifications:
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,6 @@ from tether.algos import agg_loss, compute_agg_norm
 from tether.batching import SeqRecord, pad_records, split_by_token_budget
 from tether.config import TetherConfig
 from tether.data import ProblemStream
-from tether.envs import is_env_task
-from tether.envs.training import build_env_demo_records
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.run_dir import make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
@@ -34,30 +31,7 @@ from tether.policy.prefix import compute_sequence_logprobs
 from tether.recipes.common import (
     graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
 )
-from tether.rollout import encode_prompt
-from tether.tasks import demonstration, is_file_task
-
-
-def build_demo_records(policy: HFPolicy, cfg: TetherConfig, problems: list[dict[str, Any]]) -> list[SeqRecord]:
-    """prompt + completion + stop token, loss on the completion (and the stop token); for an
-    environment task, the scripted expert's conversation with the loss on assistant turns only."""
-    if is_env_task(cfg.data.task):
-        return build_env_demo_records(policy, problems, cfg.env.max_turns, cfg.sft.demo_noise,
-                                      random.Random(cfg.run.seed), cfg.env.context)
-    tok, eos = policy.tokenizer, policy.stop_ids[0]
-    if getattr(tok, "eos_token_id", None) in policy.stop_ids:
-        eos = tok.eos_token_id
-    records = []
-    rng = random.Random(cfg.run.seed)
-    for i, p in enumerate(problems):
-        demo = p.get("completion") or (
-            p["answer"] if is_file_task(cfg.data.task) else demonstration(cfg.data.task, p, cfg.sft.demo_noise, rng))
-        prompt = encode_prompt(tok, p, cfg.data.chat)
-        completion = list(tok.encode(demo, add_special_tokens=False)) + [eos]
-        ids = prompt + completion
-        mask = [0] * len(prompt) + [1] * len(completion)
-        records.append(SeqRecord(tuple(ids), tuple(mask), (0.0,) * len(ids), (0.0,) * len(ids), i, i, 0.0, True))
-    return records
+from tether.rollout import make_rollout
 
 
 def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False) -> tuple[HFPolicy, dict[str, Any]]:
@@ -70,7 +44,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     if policy is None:
         policy = setup_policy(cfg, rd.root, train)
     demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
-    records = build_demo_records(policy, cfg, demos)
+    records = make_rollout(cfg).build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
     stream = ProblemStream([{"i": i} for i in range(len(records))], cfg.run.seed)
     model = policy.model
     model.train()

@@ -21,14 +21,13 @@ function instead (`load_reward_fn`).
 
 from __future__ import annotations
 
-import importlib
 import math
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from tether.config import ConfigError
-from tether.registry import Registry
+from tether.registry import Registry, import_object
 from tether.types import Outcome
 
 RewardFn = Callable[..., "float | dict[str, float] | None"]  # fn(text, task, **kwargs); see above
@@ -176,22 +175,8 @@ def load_reward_fn(name: str) -> RewardFn:
     """
     if ":" not in name:
         return REWARD_FUNCTIONS[name]  # UnknownNameError lists valid names + nearest match
-    module_name, _, fn_name = name.partition(":")
-    if not module_name or not fn_name:
-        raise ConfigError(f"reward function {name!r}: expected the form 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or an error raised while executing the module
-        raise ConfigError(
-            f"reward function {name!r}: cannot import module {module_name!r} ({type(err).__name__}: {err})"
-        ) from err
-    fn = getattr(module, fn_name, None)
-    if fn is None:
-        public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise ConfigError(
-            f"reward function {name!r}: module {module_name!r} has no attribute {fn_name!r} "
-            f"(callables there: {', '.join(public[:20]) or 'none'})"
-        )
+    fn = import_object(name, "reward function", ConfigError)
+    fn_name = name.partition(":")[2]
     if not callable(fn):
         raise ConfigError(f"reward function {name!r}: {fn_name!r} is a {type(fn).__name__}, not a function")
     return fn

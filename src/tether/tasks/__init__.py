@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tether.errors import UserError
-from tether.registry import Registry
+from tether.registry import Registry, import_object
 
 
 class DataError(UserError, ValueError):
@@ -108,6 +108,46 @@ def make_splits(task: str, train_size: int, eval_size: int, seed: int, kwargs: d
     if len(held_out) < eval_size:
         raise DataError(f"task {task!r}: cannot draw {eval_size} held-out problems disjoint from train; shrink data.train_size or widen the task")
     return train, held_out
+
+
+def load_user_task(name: str) -> None:
+    """Register the task or environment of `data.task=package.module:factory` under that name.
+
+    `factory()` returns a `TaskSpec` (single-turn) or a `tether.envs.EnvSpec` (an environment;
+    also registered under its own `EnvSpec.name`, the name its problems carry in "env"). The
+    module is imported from `sys.path` (PYTHONPATH): no change to tether. Idempotent."""
+    if ":" not in name or name in TASKS:
+        return
+    factory = import_object(name, "data.task", DataError)
+    if not callable(factory):
+        raise DataError(f"data.task={name!r}: {name.partition(':')[2]!r} is not callable")
+    spec = factory()
+    from tether.envs.base import ENVS, EnvSpec, register_env
+
+    if isinstance(spec, EnvSpec):
+        register_env(name)(lambda: spec)
+        if spec.name not in ENVS:
+            ENVS.register(spec.name)(lambda: spec)
+    elif isinstance(spec, TaskSpec):
+        TASKS.register(name)(lambda: spec)
+    else:
+        raise DataError(f"data.task={name!r}: the factory returned {type(spec).__name__}, expected a "
+                        "tether.tasks.TaskSpec or a tether.envs.EnvSpec")
+
+
+def find_task_problem(name: str) -> str | None:
+    """None when `data.task` names a task (built-in, environment, 'jsonl' or package.module:factory)."""
+    if is_file_task(name):
+        return None
+    if ":" in name:
+        try:
+            load_user_task(name)
+        except DataError as err:
+            return str(err)
+        return None
+    import tether.envs  # noqa: F401  (registers the built-in environments as tasks)
+
+    return TASKS.check(name, "data.task")
 
 
 def demonstration(task: str, problem: dict[str, Any], noise: float = 0.0, rng: random.Random | None = None) -> str:

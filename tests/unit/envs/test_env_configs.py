@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tether.config import load_config
-from tether.envs import is_env_task, sandbox
+from tether.envs import sandbox
 from tether.envs.sandbox_backends import ENV_VAR
+from tether.rollout import is_episode_task
 from tether.recipes.common import setup_problems
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -26,7 +27,7 @@ def test_env_config_runs_as_documented(name, monkeypatch):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# tether ") and f"configs/{name}" in first
     cfg = load_config(path)
-    assert is_env_task(cfg.data.task) and cfg.sft.demo_noise > 0
+    assert is_episode_task(cfg.data.task) and cfg.sft.demo_noise > 0
     train, held = setup_problems(cfg)
     assert len(train) == cfg.data.train_size and len(held) == cfg.data.eval_size
     assert cfg.rollout.sampling.max_new_tokens == cfg.eval.sampling.max_new_tokens
@@ -36,11 +37,11 @@ def test_the_demo_is_agentic_and_the_single_turn_demo_stays_runnable():
     from tether.recipes.demo import demo_config_path
 
     demo = load_config(demo_config_path())
-    assert is_env_task(demo.data.task) and demo.sft.demo_noise > 0 and demo.checkpoint.every > 0
+    assert is_episode_task(demo.data.task) and demo.sft.demo_noise > 0 and demo.checkpoint.every > 0
     assert demo.env.max_turns > 1  # multi-turn, tool-using (qa's `search`)
     reverse = CONFIGS / "reverse.yaml"
     assert reverse.read_text().splitlines()[0].startswith("# tether pipeline configs/reverse.yaml")
     cfg = load_config(reverse)
-    assert cfg.data.task == "reverse" and not is_env_task(cfg.data.task)
+    assert cfg.data.task == "reverse" and not is_episode_task(cfg.data.task)
     train, held = setup_problems(cfg)
     assert len(train) == cfg.data.train_size and len(held) == cfg.data.eval_size

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
 from tether.envs.tools import Tool, compute_tool_info, compute_tool_messages, make_tool, run_tool_calls
-from tether.policy.chat import Message
+from tether.types import Message
 
 SYSTEM = "Use the calculator for arithmetic. End with: Answer: <number>"
 NAMES = ("Ann", "Bob", "Cal", "Dee", "Eva", "Fin")

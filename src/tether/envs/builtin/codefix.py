@@ -39,7 +39,7 @@ from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_
 from tether.config import ConfigError
 from tether.envs.sandbox import SandboxLimits, SandboxUnavailable, resolve_backend, run_python_tests
 from tether.envs.tools import Tool, make_tool
-from tether.policy.chat import Message
+from tether.types import Message
 
 SYSTEM = "Fix solution.py so the tests pass. Tools: run_tests, edit."
 LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=10.0, memory_mb=256)

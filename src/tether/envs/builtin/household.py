@@ -36,7 +36,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
-from tether.policy.chat import Message
+from tether.types import Message
 
 SYSTEM = "Commands: go to X, open X, take X, put X in X"
 OPEN = ("table", "shelf", "counter", "desk")

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
 from tether.envs.tools import Tool, make_tool, run_tool_turn
-from tether.policy.chat import Message
+from tether.types import Message
 
 SYSTEM = "Search to find facts. End with: Answer: <name>"
 FIRST = ("Ann", "Bob", "Cal", "Dee", "Eva", "Fin", "Gus", "Hal", "Ida", "Jon", "Kim", "Lou", "Max", "Ned", "Oda",

@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
-from tether.policy.chat import Message
+from tether.types import Message
 
 SYSTEM = "Actions: search[words], open[id], buy[color, size]"
 TYPES = ("shirt", "scarf", "hat", "bag", "shoes", "mug", "lamp", "jacket", "sock", "belt", "coat", "glove")

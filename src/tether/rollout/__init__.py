@@ -1,0 +1,87 @@
+"""The rollout seam: the ONE place that turns problems into TrajectoryGroups.
+
+    rollout = make_rollout(cfg)                      # the only place that asks what kind the task is
+    groups, metrics = rollout.run(policy, problems, n, sampling, generator)
+
+Every consumer — the RL recipes (`collect_groups`, the held-out eval, ReMax's greedy baseline),
+the Ray rollout workers, `tether eval`, the planner's pilot, SFT demonstrations, faultbench and
+the benchmarks — holds a `Rollout` and never branches on the task kind:
+
+    problems ─► make_rollout(cfg) ─┬─ SingleTurnRollout (rollout/single.py):  one turn, B_p x n in ONE sampling call
+                                   ├─ EpisodeRollout    (rollout/episodes.py): envs/runner.py, one call per turn
+                                   └─ HarnessRollout    (envs/harness.py):     an agent program (harness.command)
+                                             │
+                                             ▼
+                              list[TrajectoryGroup] + metrics   (types.py)
+
+A single-turn task is an episode of one turn: both implementations return the same
+`TrajectoryGroup`s (turns of context ids, action ids, action log-probs), so batching,
+advantages and the update cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+
+from tether.batching import SeqRecord
+from tether.config import SamplingConfig
+from tether.rollout.collect import RolloutState, WorkerState, collect_groups, compute_greedy_baseline
+from tether.rollout.stats import compute_rollout_stats
+from tether.types import Sample, TrajectoryGroup
+
+
+class Rollout(Protocol):
+    """Plays problems with a policy: `run` -> (groups, metrics); `kind` names it for reports."""
+
+    kind: str
+
+    def run(self, policy: Any, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
+            generator: torch.Generator | None = None, greedy: bool = False,
+            generate: Callable[..., list[Sample]] = ...) -> tuple[list[TrajectoryGroup], dict[str, float]]: ...
+
+    def build_demo_records(self, policy: Any, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list[SeqRecord]: ...
+
+
+def is_episode_task(task: str) -> bool:
+    """True when `data.task` names an environment (`tether.envs.ENVS`) rather than a single-turn task."""
+    from tether.envs import ENVS
+    from tether.tasks import load_user_task
+
+    load_user_task(task)  # package.module:factory, in this process too (a Ray worker)
+    return task in ENVS
+
+
+def make_rollout(cfg: Any) -> Rollout:
+    """The rollout for `cfg.data.task` with the config's rewards / environment settings."""
+    r = cfg.rollout
+    h = getattr(cfg, "harness", None)
+    if h is not None and h.command:  # a black-box agent program against the rollout endpoint
+        from tether.envs.harness import HarnessRollout
+
+        return HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
+                              max_error_rate=cfg.env.max_error_rate)
+    if is_episode_task(cfg.data.task):
+        from tether.rollout.episodes import EpisodeRollout
+
+        return EpisodeRollout(cfg.env, r.batch_size, r.on_drift)
+    from tether.rollout.single import SingleTurnRollout
+
+    return SingleTurnRollout(cfg.reward, r.batch_size, r.max_prompt_tokens, cfg.data.chat)
+
+
+def __getattr__(name: str) -> Any:  # the pre-seam names, for code written against tether.rollout
+    if name == "run_rollouts":
+        from tether.rollout.single import run_rollouts
+
+        return run_rollouts
+    if name == "encode_prompt":
+        from tether.policy import chat
+
+        return chat.encode_prompt
+    raise AttributeError(f"module 'tether.rollout' has no attribute {name!r}")
+
+
+__all__ = ["Rollout", "RolloutState", "WorkerState", "collect_groups", "compute_greedy_baseline",
+           "compute_rollout_stats", "is_episode_task", "make_rollout"]

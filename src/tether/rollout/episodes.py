@@ -1,0 +1,40 @@
+"""Multi-turn environment rollouts behind the `tether.rollout.Rollout` interface.
+
+The episode engine itself is `tether.envs.runner.run_env_rollouts` (every turn of every live
+episode in one sampling call); the expert demonstrations are `tether.envs.training`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from tether.batching import SeqRecord
+from tether.config import EnvConfig, SamplingConfig
+from tether.envs.runner import run_env_rollouts
+from tether.envs.training import build_env_demo_records
+from tether.policy.hf import HFPolicy, run_generate
+from tether.types import Sample, TrajectoryGroup
+
+
+@dataclass(frozen=True)
+class EpisodeRollout:
+    """A task played by single-use environments (`tether.envs`), one or more turns per episode."""
+
+    env: EnvConfig
+    batch_size: int = 256
+    on_drift: str = "count"
+    kind: str = "multi-turn environment"
+
+    def run(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
+            generator: torch.Generator | None = None, greedy: bool = False,
+            generate: Callable[..., list[Sample]] = run_generate) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        return run_env_rollouts(policy, problems, n, sampling, self.env, generator, self.batch_size, greedy=greedy,
+                                on_drift=self.on_drift, generate=generate)
+
+    def build_demo_records(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list[SeqRecord]:
+        return build_env_demo_records(policy, problems, self.env.max_turns, cfg.sft.demo_noise,
+                                      random.Random(cfg.run.seed), self.env.context)

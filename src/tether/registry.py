@@ -76,12 +76,12 @@ class Registry(Generic[F]):
         return sorted(self._fns)
 
 
-def import_object(name: str, what: str, error: type[Exception] = ValueError) -> Any:
+def import_object(name: str, what: str, error: type[Exception] = ValueError, form: str = "package.module:function") -> Any:
     """The object `package.module:attr` names (user code on PYTHONPATH), for configs that accept
     one in place of a registry name; `error(message)` names `what`, the module and what was wrong."""
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise error(f"{what} {name!r}: expected the form 'package.module:name'")
+        raise error(f"{what} {name!r}: expected the form {form!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # ImportError, or an error raised while executing the module

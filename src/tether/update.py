@@ -11,6 +11,7 @@ Numerics (pitfall 5): a non-finite loss or gradient skips the optimizer step and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ from tether.algos import (
 )
 from tether.batching import split_by_token_budget
 from tether.config import AlgoConfig, TrainConfig
+from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.types import TrainBatch
@@ -136,6 +138,7 @@ def compute_microbatch_loss(
     return loss, metrics
 
 
+@marks_phase("scoring")
 @torch.no_grad()
 def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: float, token_budget: int, pack: bool = False,
                            share: str = "off") -> torch.Tensor:
@@ -161,26 +164,41 @@ def _trim(mb: TrainBatch) -> TrainBatch:
         mb.seq_group_B, mb.seq_traj_B, mb.returns_BT, mb.old_values_BT, mb.kept_BT)))
 
 
-def run_update(
-    policy: HFPolicy,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    batch: TrainBatch,
-    algo: AlgoConfig,
-    train: TrainConfig,
-    temperature: float,
-    state: UpdateState,
-    ref_policy: HFPolicy | None = None,
-    critic: ValueModel | None = None,
-    generator: torch.Generator | None = None,
-    max_len: int | None = None,
-    dp=None,
-) -> dict[str, float]:
-    """M epochs over `batch`, `algo.mini_batches` optimizer steps per epoch. Returns metrics.
+@dataclass
+class UpdateContext:
+    """Everything one update reads besides the batch (the recipe builds it once per step).
 
     `dp` (tether.dist.trainer.DataParallel): data-parallel ranks receive the batch from rank 0, run
     disjoint micro-batches and sum gradients — exact, because losses use global denominators.
-    """
+    `max_len`: the constant of constant_norm aggregation (Dr. GRPO)."""
+
+    policy: HFPolicy
+    optimizer: torch.optim.Optimizer
+    algo: AlgoConfig
+    train: TrainConfig
+    temperature: float = 1.0
+    state: UpdateState = field(default_factory=UpdateState)
+    scheduler: Any = None
+    ref_policy: HFPolicy | None = None
+    critic: ValueModel | None = None
+    generator: torch.Generator | None = None
+    max_len: int | None = None
+    dp: Any = None
+
+    @classmethod
+    def from_run(cls, st: Any, cfg: Any, dp: Any = None) -> "UpdateContext":
+        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator) and config."""
+        s = cfg.rollout.sampling
+        return cls(st.policy, st.optimizer, cfg.algo, cfg.train, s.temperature, st.update, st.scheduler, st.ref,
+                   st.critic, st.generator, cfg.algo.agg.max_len or s.max_new_tokens, dp)
+
+
+def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]:
+    """M epochs over `batch`, `algo.mini_batches` optimizer steps per epoch. Returns metrics.
+    (`batch` is None on data-parallel ranks > 0: rank 0 sends it.)"""
+    policy, optimizer, scheduler, algo, train = ctx.policy, ctx.optimizer, ctx.scheduler, ctx.algo, ctx.train
+    temperature, state, ref_policy, critic = ctx.temperature, ctx.state, ctx.ref_policy, ctx.critic
+    generator, max_len, dp = ctx.generator, ctx.max_len, ctx.dp
     if dp is not None:
         batch = dp.begin(batch, generator, state)
     fused = algo.epochs == 1 and algo.mini_batches == 1

@@ -153,14 +153,12 @@ class TrainerFollower:
 
     def follow(self) -> int:
         """Run updates as rank 0 sends them, until it stops the group; returns the update count."""
-        from tether.update import run_update
+        from tether.update import UpdateContext, run_update
 
         st, cfg, n = self.st, self.cfg, 0
-        temp, max_len = cfg.rollout.sampling.temperature, cfg.algo.agg.max_len or cfg.rollout.sampling.max_new_tokens
         while True:
             try:
-                run_update(st.policy, st.optimizer, st.scheduler, None, cfg.algo, cfg.train, temp, st.update, st.ref,
-                           st.critic, st.generator, max_len, dp=self.dp)
+                run_update(UpdateContext.from_run(st, cfg, self.dp), None)
             except _Stop:
                 break
             n += 1

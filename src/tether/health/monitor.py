@@ -407,27 +407,17 @@ def build_health(cfg: Any, rd: Any = None, st: Any = None) -> HealthMonitor | Nu
 
 # ----------------------------------------------------------------------------- watchdog
 
-PHASES = (  # innermost function on the main thread's stack -> phase
-    ("save_checkpoint", "checkpoint"), ("run_rewards", "reward"), ("run_generate", "generate"),
-    ("compute_batch_logprobs", "scoring"), ("run_update", "update"), ("run_eval", "eval"),
-    ("make_train_batch", "batch"), ("collect_groups", "rollout"), ("observe", "health"), ("run_rl", "loop"),
-)
-
-
 def current_phase(thread_id: int | None = None) -> str | None:
-    """The phase of the main thread (None when no training function is on its stack)."""
-    frame = sys._current_frames().get(thread_id or threading.main_thread().ident)
-    names = set()
-    while frame is not None:
-        names.add(frame.f_code.co_name)
-        frame = frame.f_back
-    return next((phase for fn, phase in PHASES if fn in names), None)
+    """The phase the main thread's recipe marked (`tether.phase`); None outside training."""
+    from tether.phase import current_phase as marked
+
+    return marked(thread_id)
 
 
 class Watchdog:
     """Samples the main thread's phase every `interval` s; one phase lasting `timeout_s` is a
     hang: stacks go to stderr and `<run>/health_stacks.txt`, health.jsonl gets a record, and the
-    process exits with code 3. Stops by itself once no training function is on the stack."""
+    process exits with code 3. Stops by itself once no phase is marked (training is over)."""
 
     def __init__(self, timeout_s: float, rd: Any = None, interval: float = 1.0, exit_fn=os._exit) -> None:
         self.timeout_s, self.rd, self.interval, self.exit_fn = timeout_s, rd, interval, exit_fn

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from tether.io.run_dir import RunDir, do_fsync_dir, write_text_atomic
+from tether.phase import marks_phase
 
 CKPT_RE = re.compile(r"^step_(\d+)$")
 LATEST = "latest"
@@ -163,6 +164,7 @@ def _remove_stale_tmp(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+@marks_phase("checkpoint")
 def save_checkpoint(run_dir: RunDir | str | os.PathLike[str], step: int, model: Any, tokenizer: Any = None,
                     optimizer: Any = None, scheduler: Any = None, extra_state: dict[str, Any] | None = None,
                     keep: int = 2) -> Path:

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from tether.config import SamplingConfig
 from tether.errors import InputError
 from tether.preflight import check_tokenizer
+from tether.phase import marks_phase
 from tether.types import Sample, StopReason
 
 
@@ -177,6 +178,7 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[to
     return ids.to(device), mask.to(device)
 
 
+@marks_phase("generate")
 @torch.inference_mode()
 def run_generate(
     policy: HFPolicy,

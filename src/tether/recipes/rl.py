@@ -38,6 +38,7 @@ from tether.io.plots import plot_metrics
 from tether.io.run_dir import RunDir, make_run_dir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
+from tether.phase import marks_phase, phase
 from tether.policy import lean_train
 from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing, load_policy
 from tether.preflight import compute_prompt_limit, fit_prompts
@@ -48,7 +49,7 @@ from tether.recipes.common import (
 from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
 from tether.types import TrainBatch, TrajectoryGroup
-from tether.update import UpdateState, compute_batch_logprobs, run_update
+from tether.update import UpdateContext, UpdateState, compute_batch_logprobs, run_update
 
 
 class RLState:
@@ -146,15 +147,16 @@ def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups) -> tuple
     """One RL step; `collect(st, cfg) -> (groups, metrics)` is the rollout side (tether.rollout.collect_groups;
     recipes/rl_async.py swaps in the Ray workers)."""
     t0 = time.perf_counter()
-    groups, metrics = collect(st, cfg)
+    with phase("rollout"):  # the phase markers tell the watchdog (tether.health) where a hang is
+        groups, metrics = collect(st, cfg)
     rewards = [t.reward.total for g in groups for t in g.trajectories]
     t1 = time.perf_counter()
-    batch, bm = make_train_batch(st, cfg, groups)
+    with phase("batch"):
+        batch, bm = make_train_batch(st, cfg, groups)
     metrics.update(bm)
     t2 = time.perf_counter()
-    um = run_update(st.policy, st.optimizer, st.scheduler, batch, cfg.algo, cfg.train, cfg.rollout.sampling.temperature,
-                    st.update, st.ref, st.critic, st.generator, cfg.algo.agg.max_len or cfg.rollout.sampling.max_new_tokens,
-                    dp=st.dp)
+    with phase("update"):
+        um = run_update(UpdateContext.from_run(st, cfg, st.dp), batch)
     positions = um.pop("positions", float("nan"))
     metrics.update(um)
     st.policy.version += 1
@@ -189,12 +191,14 @@ def _sample_rows(groups: list[TrajectoryGroup], limit: int) -> list[dict[str, An
     return rows
 
 
+@marks_phase("eval")
 def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -> dict[str, float]:
     m, rows = run_eval(st.policy, held_out, cfg.eval, make_rollout(cfg), cfg.reward, seed=cfg.run.seed + 17)
     rd.write_samples(step, rows, kind="eval")
     return m
 
 
+@marks_phase("loop")
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
            collect=collect_groups) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
@@ -236,7 +240,9 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
                 metrics.update(last_eval)
-            if st.health.observe(st, cfg, metrics, groups):  # adds health/* metrics; True: auto mode halted
+            with phase("health"):
+                halted = st.health.observe(st, cfg, metrics, groups)  # adds health/* metrics
+            if halted:  # auto mode stopped the run
                 stop.requested = True
             sinks.log(st.step, metrics)
             if cfg.logging.samples_per_step:

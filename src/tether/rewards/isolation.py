@@ -42,6 +42,7 @@ from tether.rewards.base import NOT_RUN, CallResult, RewardFailure, is_batched, 
 from tether.rewards.compose import RewardSpec, build_reward_spec, compute_reward_metrics, compute_reward_result
 from tether.rewards.pool import Job, make_reward_pool
 from tether.types import Outcome, RewardResult
+from tether.phase import marks_phase
 
 THREAD_WORKERS = 8  # live (not abandoned) threads at once in `thread` mode
 _THREAD_TIMEOUT = "no result within reward.timeout_s={:g}s; thread abandoned (it cannot be killed)"
@@ -138,6 +139,7 @@ def compute_failure_message(spec: RewardSpec, calls_by_sample: Sequence[Sequence
     return name, message
 
 
+@marks_phase("reward")
 def run_rewards(
     texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], cfg: RewardConfig
 ) -> tuple[list[RewardResult], dict[str, float]]:

@@ -118,7 +118,7 @@ def load_user_task(name: str) -> None:
     module is imported from `sys.path` (PYTHONPATH): no change to tether. Idempotent."""
     if ":" not in name or name in TASKS:
         return
-    factory = import_object(name, "data.task", DataError)
+    factory = import_object(name, "data.task", DataError, "package.module:factory")
     if not callable(factory):
         raise DataError(f"data.task={name!r}: {name.partition(':')[2]!r} is not callable")
     spec = factory()

@@ -9,7 +9,7 @@ from tether.config import AlgoConfig, TinyModelConfig, TrainConfig
 from tether.policy.hf import make_policy
 from tether.policy.tiny import build_tiny_model, build_tokenizer
 from tether.types import TrainBatch
-from tether.update import TrainingHalted, UpdateState, run_update
+from tether.update import TrainingHalted, UpdateContext, UpdateState, run_update
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,8 @@ def one_update(policy, batch, budget, mode, kl=0.0, ent=0.0):
     algo = AlgoConfig.model_validate({"agg": {"mode": mode}, "entropy_coef": ent})
     train = TrainConfig(micro_batch_tokens=budget, lr=1e-2, grad_clip=None)
     opt = torch.optim.SGD(pol.model.parameters(), lr=1e-2)
-    m = run_update(pol, opt, None, batch, algo, train, 1.0, UpdateState(kl_coef=kl), generator=torch.Generator().manual_seed(0), max_len=12)
+    m = run_update(UpdateContext(pol, opt, algo, train, state=UpdateState(kl_coef=kl), generator=torch.Generator().manual_seed(0),
+                                 max_len=12), batch)
     return pol, m
 
 
@@ -78,7 +79,7 @@ def test_two_epochs_clip(base_policy):
     batch = make_batch(len(pol.tokenizer))
     algo = AlgoConfig.model_validate({"epochs": 4, "policy_loss": {"clip_low": 0.01, "clip_high": 0.01}})
     opt = torch.optim.Adam(pol.model.parameters(), lr=1e-2)
-    m = run_update(pol, opt, None, batch, algo, TrainConfig(grad_clip=None), 1.0, UpdateState())
+    m = run_update(UpdateContext(pol, opt, algo, TrainConfig(grad_clip=None)), batch)
     assert m["clip_frac"] > 0 and m["optimizer_steps"] == 4
 
 
@@ -91,9 +92,9 @@ def test_nonfinite_steps_are_skipped_then_halt(base_policy):
     opt = torch.optim.SGD(pol.model.parameters(), lr=1e-2)
     state = UpdateState()
     train = TrainConfig(max_bad_steps=2)
-    m = run_update(pol, opt, None, bad, AlgoConfig(), train, 1.0, state)
+    m = run_update(UpdateContext(pol, opt, AlgoConfig(), train, state=state), bad)
     assert state.nonfinite_steps == 1 and m["nonfinite_steps"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, pol.model.parameters()))  # weights untouched
     with pytest.raises(TrainingHalted, match="non-finite"):
-        run_update(pol, opt, None, bad, AlgoConfig(), train, 1.0, state)
-    run_update(pol, opt, None, batch, AlgoConfig(), train, 1.0, UpdateState())  # a good batch still trains
+        run_update(UpdateContext(pol, opt, AlgoConfig(), train, state=state), bad)
+    run_update(UpdateContext(pol, opt, AlgoConfig(), train), batch)  # a good batch still trains

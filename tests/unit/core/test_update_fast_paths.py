@@ -8,7 +8,7 @@ from test_update import base_policy  # noqa: F401  (the same tiny policy fixture
 
 from tether.config import AlgoConfig, TrainConfig
 from tether.types import TrainBatch
-from tether.update import UpdateState, run_update
+from tether.update import UpdateContext, run_update
 
 
 def grouped_batch(vocab, seed=0):
@@ -37,7 +37,7 @@ def one_update(policy, batch, pack, share, epochs=1):
     algo = AlgoConfig.model_validate({"entropy_coef": 0.01, "epochs": epochs})
     train = TrainConfig(micro_batch_tokens=64, lr=1e-2, grad_clip=None, pack_sequences=pack, share_prefix=share)
     opt = torch.optim.SGD(pol.model.parameters(), lr=1e-2)
-    m = run_update(pol, opt, None, batch, algo, train, 1.0, UpdateState(), generator=torch.Generator().manual_seed(0), max_len=16)
+    m = run_update(UpdateContext(pol, opt, algo, train, generator=torch.Generator().manual_seed(0), max_len=16), batch)
     return pol, m
 
 

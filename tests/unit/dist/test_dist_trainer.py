@@ -33,11 +33,11 @@ def _setup(bundle):
 
 
 def _update(bundle, batch, dp=None):
-    from tether.update import UpdateState, run_update
+    from tether.update import UpdateContext, run_update
 
     cfg, policy, opt = _setup(bundle)
-    m = run_update(policy, opt, None, batch, cfg.algo, cfg.train, 1.0, UpdateState(), None, None,
-                   torch.Generator().manual_seed(0) if dp is None or dp.rank == 0 else torch.Generator(), 8, dp=dp)
+    gen = torch.Generator().manual_seed(0) if dp is None or dp.rank == 0 else torch.Generator()
+    m = run_update(UpdateContext(policy, opt, cfg.algo, cfg.train, generator=gen, max_len=8, dp=dp), batch)
     return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}, m
 
 

@@ -20,13 +20,14 @@ def test_watchdog_names_the_stuck_phase_and_exits_3(tmp_path):
         import time
         from tether.health.monitor import Watchdog
         from tether.io.run_dir import make_run_dir
+        from tether.phase import marks_phase, phase
         rd = make_run_dir({str(tmp_path)!r})
+        @marks_phase("reward")
         def run_rewards():          # a reward that never returns
             time.sleep(60)
-        def run_rl():
+        with phase("loop"):         # the recipe marks its phases; the watchdog reads the markers
             Watchdog(1.5, rd, interval=0.2)
             run_rewards()
-        run_rl()
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)  # loaded CI: slow imports
     assert p.returncode == 3

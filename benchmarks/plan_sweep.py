@@ -50,6 +50,7 @@ def run_planner(task: str, model: Path, out: Path, budgets: list[int], min_steps
     """The pilot (cached in pilot.json) and one plan per budget, exactly as `tether plan` does."""
     from tether.config import load_config
     from tether.plan.pilot import PilotResult, run_pilot
+    from tether.rollout import make_rollout
     from tether.plan.planner import PlanConstraints, recommend_allocation
     from tether.policy.hf import load_policy
     from tether.recipes.common import setup_problems
@@ -60,7 +61,7 @@ def run_planner(task: str, model: Path, out: Path, budgets: list[int], min_steps
     else:
         cfg = load_config(None, TINY + [f"data.task={task}", "data.eval_size=16"])
         train, _ = setup_problems(cfg)
-        pilot = run_pilot(load_policy(model), train, 64, 16, cfg.rollout.sampling, cfg.reward, seed=0, model=str(model))
+        pilot = run_pilot(load_policy(model), train, 64, 16, cfg.rollout.sampling, make_rollout(cfg), seed=0, model=str(model))
         path.write_text(json.dumps(pilot.to_json(), indent=1))
     k = PlanConstraints(min_steps=min_steps)
     return {c: recommend_allocation(pilot.counts, c, k, pilot.tokens_per_rollout).to_json() for c in budgets}

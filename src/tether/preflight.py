@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -111,7 +110,7 @@ def check_run_inputs(cfg: TetherConfig, run_dir: str | Path, kind: str) -> None:
 def check_data(cfg: TetherConfig) -> bool:
     """Read or generate the problems as the recipe will (DataError names file:line for encoding,
     JSON, missing keys, duplicate ids); returns whether the task is a multi-turn environment."""
-    from tether.tasks import TASKS, load_jsonl, make_splits
+    from tether.tasks import load_jsonl, make_splits
 
     d = cfg.data
     if d.task == "jsonl":
@@ -121,13 +120,10 @@ def check_data(cfg: TetherConfig) -> bool:
         return False
     if d.task == "hf":  # a `datasets` source: read by the recipe (tether.tasks.hf)
         return False
-    env_task = False
-    if d.task not in TASKS or "tether.envs" in sys.modules:  # environments register their tasks on import (slow)
-        from tether.envs import is_env_task
-
-        env_task = is_env_task(d.task)
     make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)  # UnknownNameError lists the tasks
-    return env_task
+    from tether.rollout import make_rollout
+
+    return make_rollout(cfg).multi_turn  # a fact of the task's rollout (tether.rollout), not a name test
 
 
 def fit_prompts(problems: Sequence[dict[str, Any]], tokenizer, limit: int, chat: bool, on_overlong: str,

@@ -108,6 +108,13 @@ class HarnessRollout:
     seed: int = 0
     kind: str = "agent harness"
     max_error_rate: float = 1.0  # env.max_error_rate: more failed agent runs in one call stop the run
+    multi_turn: bool = False  # the task's problems are single-turn prompts; the agent owns its context
+
+    def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: Any, cfg: Any, what: str) -> list:
+        """As a single-turn task: the prompt must fit the context (data.on_overlong)."""
+        from tether.rollout.single import SingleTurnRollout
+
+        return SingleTurnRollout(self.reward).fit_problems(problems, policy, cfg, what)
 
     def build_demo_records(self, policy: Any, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list:
         """SFT demonstrations: the task's single-turn ones (the agent program is not scripted)."""

@@ -41,7 +41,6 @@ from tether.optim import build_optimizer, build_scheduler
 from tether.phase import marks_phase, phase
 from tether.policy import lean_train
 from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing, load_policy
-from tether.preflight import compute_prompt_limit, fit_prompts
 from tether.recipes.common import (
     graceful_interrupt, make_reference, precision_summary, progress_bar, reset_reference, seed_run, setup_policy,
     setup_problems,
@@ -211,10 +210,9 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     if policy is None and ckpt is not None and not cfg.model.path:  # the checkpoint is a full HF model + tokenizer
         policy = load_policy(ckpt, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
     policy = policy or setup_policy(cfg, rd.root, train)
-    if not is_env_task(cfg.data.task):  # prompts past the context: skipped and counted, or refused (data.on_overlong)
-        limit = compute_prompt_limit(cfg, policy.max_positions)
-        train = fit_prompts(train, policy.tokenizer, limit, cfg.data.chat, cfg.data.on_overlong, "training")
-        held_out = fit_prompts(held_out, policy.tokenizer, limit, cfg.data.chat, cfg.data.on_overlong, "held-out")
+    rollout = make_rollout(cfg)  # prompts past the context: skipped and counted, or refused (data.on_overlong)
+    train = rollout.fit_problems(train, policy, cfg, "training")
+    held_out = rollout.fit_problems(held_out, policy, cfg, "held-out")
     if cfg.model.gradient_checkpointing and not is_checkpointing(policy.model):  # a resumed or passed-in policy
         enable_checkpointing(policy.model)
     policy.model.train()

@@ -36,12 +36,15 @@ class Rollout(Protocol):
     """Plays problems with a policy: `run` -> (groups, metrics); `kind` names it for reports."""
 
     kind: str
+    multi_turn: bool  # contexts are chat histories (input checks ask this fact, never the task's name)
 
     def run(self, policy: Any, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] = ...) -> tuple[list[TrajectoryGroup], dict[str, float]]: ...
 
     def build_demo_records(self, policy: Any, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list[SeqRecord]: ...
+
+    def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: Any, cfg: Any, what: str) -> list: ...
 
 
 def is_episode_task(task: str) -> bool:

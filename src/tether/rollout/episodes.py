@@ -28,12 +28,17 @@ class EpisodeRollout:
     batch_size: int = 256
     on_drift: str = "count"
     kind: str = "multi-turn environment"
+    multi_turn: bool = True  # contexts are chat histories (a template is needed; env.context applies)
 
     def run(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] = run_generate) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         return run_env_rollouts(policy, problems, n, sampling, self.env, generator, self.batch_size, greedy=greedy,
                                 on_drift=self.on_drift, generate=generate)
+
+    def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: HFPolicy, cfg: Any, what: str) -> list:
+        """All of them: a context past env.max_context_tokens ends its episode (context_overflow)."""
+        return list(problems)
 
     def build_demo_records(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list[SeqRecord]:
         return build_env_demo_records(policy, problems, self.env.max_turns, cfg.sft.demo_noise,

@@ -108,12 +108,20 @@ class SingleTurnRollout:
     max_prompt_tokens: int | None = None
     chat: bool = False
     kind: str = "single-turn"
+    multi_turn: bool = False  # a fact for input checks: contexts come from the prompt, not a chat history
 
     def run(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] = run_generate) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         return run_rollouts(policy, problems, n, sampling, self.reward, generator, self.batch_size,
                             self.max_prompt_tokens, self.chat, greedy, generate)
+
+    def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: HFPolicy, cfg: Any, what: str) -> list:
+        """The problems whose prompt fits the context; the others skipped with a count or refused (data.on_overlong)."""
+        from tether.preflight import compute_prompt_limit, fit_prompts
+
+        limit = compute_prompt_limit(cfg, policy.max_positions)
+        return fit_prompts(problems, policy.tokenizer, limit, self.chat, cfg.data.on_overlong, what)
 
     def build_demo_records(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list[SeqRecord]:
         return build_single_turn_demo_records(policy, problems, cfg.data.task, self.chat, cfg.sft.demo_noise, cfg.run.seed)

@@ -145,7 +145,8 @@ def find_task_problem(name: str) -> str | None:
         except DataError as err:
             return str(err)
         return None
-    import tether.envs  # noqa: F401  (registers the built-in environments as tasks)
+    if name not in TASKS:
+        import tether.envs  # noqa: F401  (registers the built-in environments as tasks; slow, so only when needed)
 
     return TASKS.check(name, "data.task")
 

@@ -182,3 +182,38 @@ def test_a_harness_that_always_fails_stops_the_run_naming_the_cause(tmp_path):
     cfg.write_text(f"harness:\n  command: [{sys.executable!r}, '-c', 'import sys; sys.exit(7)']\n")
     r = CliRunner().invoke(app, ["train", str(cfg), *TINY_RUN, "train.steps=1", "--run-dir", str(tmp_path / "run")])
     assert r.exit_code == 1 and "harness: 100% of the agent runs failed" in r.output and "exited with 7" in r.output
+
+
+def test_tool_call_round_trip_keeps_the_sampled_ids(policy, monkeypatch):
+    """The model calls a tool: the response carries OpenAI tool_calls; the agent sends them back
+    with the tool's result, and the next context holds the sampled ids verbatim (no mismatch)."""
+    import tether.serve
+    from tether.types import Sample, StopReason
+
+    tok = policy.tokenizer
+    call_ids = tok('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>',
+                   add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+    answer_ids = tok("Answer: 5", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+    script = iter([call_ids, answer_ids])
+
+    def scripted(pol, prompts, sampling, generator=None, batch_size=256, greedy=False):
+        ids = next(script)
+        return [Sample(tuple(p), tuple(ids), tuple(-0.25 for _ in ids), StopReason.EOS, pol.version) for p in prompts]
+
+    monkeypatch.setattr(tether.serve, "run_generate", scripted)
+    with RolloutServer(policy, SAMPLING) as s:
+        client = openai.OpenAI(base_url=s.episode_url("tools"), api_key=s.api_key)
+        msgs = [{"role": "user", "content": "What is 2+3?"}]
+        first = client.chat.completions.create(model="tether", messages=msgs, tools=TOOLS)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "calculator" and call.function.arguments == '{"expression": "2+3"}'
+        msgs += [choice.message.model_dump(exclude_none=True, exclude={"token_ids"}),
+                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        second = client.chat.completions.create(model="tether", messages=msgs, tools=TOOLS)
+        assert second.choices[0].message.content == "Answer: 5" and s.template_mismatches == 0
+        a, b = s.pop_episode("tools")
+    assert list(a.action_ids) == call_ids and list(b.action_ids) == answer_ids
+    assert b.context_ids[: len(a.context_ids) + len(a.action_ids)] == a.context_ids + a.action_ids
+    assert "<tool_response>\n5\n</tool_response>" in tok.decode(list(b.context_ids[len(a.context_ids):]))

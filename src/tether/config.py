@@ -41,6 +41,17 @@ class TinyModelConfig(_Base):
     max_position_embeddings: int = Field(512, gt=0)
 
 
+class LoraConfig(_Base):
+    """LoRA adapters via peft (tether.policy.lora): only the adapters train; the KL reference is the base."""
+
+    r: int = Field(8, gt=0, description="adapter rank")
+    alpha: float = Field(16.0, gt=0, description="scale alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="module names to adapt, or 'all-linear'")
+
+
 class ModelConfig(_Base):
     path: str | None = Field(None, description="local Hugging Face causal-LM directory")
     tiny: TinyModelConfig = TinyModelConfig()

@@ -63,6 +63,8 @@ class ModelConfig(_Base):
         False, description="recompute each decoder layer's activations in the backward (transformers' activation "
                            "checkpointing): less memory, ~1 more forward of compute; turns prefix sharing and the "
                            "lean training forward off")
+    lora: LoraConfig | None = Field(None, description="LoRA adapters (peft): only they train; the KL reference is the "
+                                                      "base with adapters off; checkpoints hold the adapter (docs/lora.md)")
     device: str = "cpu"
 
 
@@ -397,6 +399,9 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
         out.append("algo.kl.coef > 0 needs a reference policy: set algo.kl.reference=initial or algo.kl.coef=0")
     if kl.coef == 0 and kl.reset_every is not None:
         out.append("algo.kl.reset_every does nothing with algo.kl.coef=0: set a coefficient or drop reset_every")
+    if cfg.model.lora is not None and kl.reset_every is not None:
+        out.append("algo.kl.reset_every cannot work with model.lora (the LoRA reference is the base with adapters off, "
+                   "and a reset would merge the adapter): drop algo.kl.reset_every or model.lora")
     if kl.coef == 0 and kl.adaptive_target is not None:
         out.append("algo.kl.adaptive_target needs an initial algo.kl.coef > 0")
     from tether.validate import find_fact_problems, find_unknown_names  # asks the registries (rule 12)

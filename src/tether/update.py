@@ -10,6 +10,7 @@ Numerics (pitfall 5): a non-finite loss or gradient skips the optimizer step and
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from tether.batching import split_by_token_budget
 from tether.config import AlgoConfig, TrainConfig
 from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
+from tether.policy.lora import adapters_disabled
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.types import TrainBatch
 
@@ -150,8 +152,9 @@ def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: flo
         mb = batch.select(rows)
         T = int(mb.attention_mask_BT.sum(-1).max())
         kept = None if mb.kept_BT is None else mb.kept_BT[:, :T]
-        lp, _ = compute_sequence_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T], mb.seq_group_B,
-                                          temperature, pack=pack, share=share, kept_BT=kept)
+        with adapters_disabled(policy.model) if policy.base_only else nullcontext():  # LoRA: the reference is the base
+            lp, _ = compute_sequence_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T],
+                                              mb.seq_group_B, temperature, pack=pack, share=share, kept_BT=kept)
         out[rows, :T] = lp.float().cpu()
     return out
 

@@ -16,7 +16,9 @@ steps (open-r1#450, open-instruct PR#910); put the data position, KL controller 
 Atomicity: everything is written into ``checkpoints/.tmp-step_000010/``, fsynced, then renamed
 into place with ``os.replace``; the ``latest`` pointer file is replaced atomically afterwards.
 A crash leaves at most a ``.tmp-*`` directory, which `find_latest_checkpoint` ignores and the
-next save removes. Assumes a single writer (rank 0) and a plain, unwrapped model.
+next save removes. Assumes a single writer (rank 0) and a plain, unwrapped model. A LoRA model
+(tether.policy.lora) is saved as its adapter in peft format (``adapter_model.safetensors`` +
+``adapter_config.json`` naming the base directory); `tether export` merges it into a plain model.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ TRAINER_STATE = "trainer_state.pt"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 FORMAT_VERSION = 1
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a LoRA run's checkpoint: peft format, base named in adapter_config.json
 
 
 def _checkpoints_root(run_dir: RunDir | str | os.PathLike[str]) -> Path:
@@ -130,8 +133,12 @@ def _write_into(tmp: Path, step: int, model: Any, tokenizer: Any, optimizer: Any
     """Write every part of a checkpoint into the (not yet visible) directory `tmp`."""
     # safe_serialization is the default (and the only format) in recent transformers; passing
     # it keeps older 4.x versions on safetensors too.
-    model.save_pretrained(tmp, safe_serialization=True)
-    if not any(tmp.glob("model*.safetensors")):
+    peft_model = getattr(model, "__dict__", {}).get("_tether_peft")  # LoRA (tether.policy.lora): the adapter only
+    if peft_model is not None:
+        peft_model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
+    if not any(tmp.glob("model*.safetensors")) and not (tmp / ADAPTER_WEIGHTS).is_file():
         raise RuntimeError(f"save_pretrained wrote no model*.safetensors into {tmp}")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
@@ -254,6 +261,11 @@ def _load_via_from_pretrained(path: Path, model: Any) -> None:
 def do_load_weights(path: str | os.PathLike[str], model: Any) -> None:
     """Load the checkpoint's safetensors into the existing `model` in place (dtype/device kept)."""
     path = Path(path)
+    if (path / ADAPTER_WEIGHTS).is_file():
+        from tether.policy.lora import load_adapter_into
+
+        load_adapter_into(model, path)
+        return
     state = _read_safetensors(path)
     expected = set(model.state_dict())
     aliases = _aliases(model)

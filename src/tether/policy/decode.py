@@ -46,7 +46,12 @@ def supports(model: torch.nn.Module) -> bool:
     attn, mlp = layers[0].self_attn, layers[0].mlp
     expected = {"q_proj", "k_proj", "v_proj", "o_proj"}
     extra = {n for n, _ in attn.named_children()} - expected
-    return not extra and {n for n, _ in mlp.named_children()} >= {"gate_proj", "up_proj", "down_proj"}
+    if extra or not {n for n, _ in mlp.named_children()} >= {"gate_proj", "up_proj", "down_proj"}:
+        return False
+    # plain nn.Linear projections only: a LoRA layer (peft) exposes its base weight as `.weight`, so
+    # reading raw weights would silently decode with the adapters left out
+    projections = [getattr(attn, n) for n in sorted(expected)] + [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return all(type(x) is torch.nn.Linear for x in projections)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -46,6 +46,7 @@ class HFPolicy:
     lean_decode: bool = True  # tether.policy.decode for Llama-family models; False: transformers per token
     lean_train: str = "eager"  # tether.policy.lean_train for shared-prefix scoring: "eager", "compile" (train.compile), "off"
     trained_positions: int = 0  # token positions run forward+backward so far (padding included): see count_trained
+    base_only: bool = False  # a LoRA model scored with its adapters off: the KL reference (tether.policy.lora)
 
     @property
     def max_positions(self) -> int:
@@ -97,6 +98,8 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", a
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"model.path={str(path)!r}: no such directory (a local Hugging Face model directory is expected)")
+    if (p / "adapter_config.json").is_file():  # a LoRA checkpoint: its base with the adapter merged in
+        return _load_adapter_policy(p, device, dtype, autocast_bf16)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model.path={str(path)!r}: no config.json inside — is this a Hugging Face model directory?")
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
@@ -107,6 +110,17 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", a
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise InputError(f"model.path={str(path)!r}: transformers cannot load it ({first})") from err
     check_tokenizer(tokenizer, model.get_input_embeddings().num_embeddings, None, f"model.path={str(path)!r}")
+    return make_policy(model, tokenizer, device=device, autocast_bf16=autocast_bf16)
+
+
+def _load_adapter_policy(p: Path, device: str, dtype: str, autocast_bf16: bool | str) -> HFPolicy:
+    from transformers import AutoTokenizer
+
+    from tether.policy.lora import adapter_base_path, load_adapter_merged
+
+    model = load_adapter_merged(p, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    tok_dir = p if (p / "tokenizer_config.json").is_file() else adapter_base_path(p)
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     return make_policy(model, tokenizer, device=device, autocast_bf16=autocast_bf16)
 
 

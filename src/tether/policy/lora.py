@@ -38,14 +38,17 @@ def _peft():
     return peft
 
 
-def apply_lora(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, cfg: Any, base_path: str | Path | None = None) -> torch.nn.Module:
     """Inject LoRA layers (`cfg`: r, alpha, dropout, target_modules) into `model`; returns the
-    injected model with only the adapter weights trainable."""
+    injected model with only the adapter weights trainable. `base_path`: the directory holding the
+    base weights, recorded in every saved adapter (adapter_config.json base_model_name_or_path)."""
     peft = _peft()
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     pcfg = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                            bias="none", task_type="CAUSAL_LM")
     wrapped = peft.get_peft_model(model, pcfg)
+    if base_path is not None:
+        wrapped.peft_config["default"].base_model_name_or_path = str(Path(base_path).resolve())
     inner = wrapped.base_model.model
     inner.__dict__["_tether_peft"] = wrapped  # not a submodule: no cycle in .modules() / state_dict()
     return inner
@@ -91,13 +94,15 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters() if p.requires_grad), total
 
 
-def save_adapter(model: torch.nn.Module, out_dir: str | Path, base_path: str | Path) -> Path:
-    """adapter_model.safetensors + adapter_config.json (its `base_model_name_or_path` = `base_path`)."""
+def save_adapter(model: torch.nn.Module, out_dir: str | Path, base_path: str | Path | None = None) -> Path:
+    """adapter_model.safetensors + adapter_config.json (its `base_model_name_or_path` = `base_path`,
+    else the one given to `apply_lora`)."""
     wrapped = peft_of(model)
     if wrapped is None:
         raise ValueError("save_adapter: the model has no LoRA adapters")
     out = Path(out_dir)
-    wrapped.peft_config["default"].base_model_name_or_path = str(Path(base_path).resolve())
+    if base_path is not None:
+        wrapped.peft_config["default"].base_model_name_or_path = str(Path(base_path).resolve())
     wrapped.save_pretrained(str(out), safe_serialization=True)
     return out
 
@@ -107,6 +112,8 @@ def load_adapter_into(model: torch.nn.Module, adapter_dir: str | Path) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    if not is_lora(model):
+        raise ValueError(f"{adapter_dir} holds a LoRA adapter, but the model has none: set model.lora to resume it")
     state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
     result = set_peft_model_state_dict(peft_of(model), state)
     missing = [k for k in getattr(result, "unexpected_keys", [])]

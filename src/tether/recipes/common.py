@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import random
 import signal
@@ -25,6 +26,7 @@ except ImportError:  # pragma: no cover
     pass
 from tether.hardware import choose_precision, precision_record
 from tether.policy.hf import HFPolicy, enable_checkpointing, load_policy, make_policy
+from tether.policy.lora import adapter_base_path, apply_lora, count_parameters, is_adapter_dir, is_lora, peft_of
 from tether.runtime import retain_freed_memory
 from tether.tasks import demonstration, is_file_task, load_jsonl, make_splits
 
@@ -104,10 +106,43 @@ def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]
         if m.dtype == "bfloat16":
             model.to(torch.bfloat16)
         policy = make_policy(model, tok, m.device, m.autocast_bf16)
+    if m.lora is not None:
+        attach_lora(policy, cfg, Path(m.path) if m.path else Path(run_dir) / "base_model")
     if m.gradient_checkpointing:
         enable_checkpointing(policy.model)
     print(f"[tether] precision: {'bf16 autocast' if policy.autocast_bf16 else 'fp32'} ("
           f"{choose_precision(m.autocast_bf16, m.device).reason})", flush=True)
+    return policy
+
+
+def attach_lora(policy: HFPolicy, cfg: TetherConfig, base_path: Path) -> None:
+    """`model.lora`: inject adapters into `policy.model` in place (tether.policy.lora). A policy
+    handed over in memory (a pipeline stage) has its base saved to `base_path` first, because every
+    adapter checkpoint names the directory of its base weights; one that already carries adapters
+    (LoRA SFT -> LoRA RL) has them merged first, so this stage's base (and KL reference) is the
+    previous stage's result."""
+    if is_lora(policy.model):
+        policy.model = peft_of(policy.model).merge_and_unload()
+    if not (base_path / "config.json").is_file():
+        policy.model.save_pretrained(str(base_path), safe_serialization=True)
+        policy.tokenizer.save_pretrained(str(base_path))
+    policy.model = apply_lora(policy.model, cfg.model.lora, base_path)
+    trainable, total = count_parameters(policy.model)
+    print(f"[tether] LoRA r={cfg.model.lora.r}: {trainable:,} of {total:,} parameters train "
+          f"({100 * trainable / total:.2f}%); base {base_path}", flush=True)
+
+
+def load_resume_policy(cfg: TetherConfig, ckpt: Path) -> HFPolicy:
+    """The policy a checkpoint resumes: a full model as saved, or (LoRA) its base with fresh
+    adapters for `load_checkpoint` to fill."""
+    m = cfg.model
+    if not is_adapter_dir(ckpt):
+        return load_policy(ckpt, m.device, m.dtype, m.autocast_bf16)
+    if m.lora is None:
+        raise ValueError(f"{ckpt} is a LoRA checkpoint but model.lora is not set: resume with the run's config")
+    base = adapter_base_path(ckpt)
+    policy = load_policy(base, m.device, m.dtype, m.autocast_bf16)
+    attach_lora(policy, cfg, base)
     return policy
 
 
@@ -117,7 +152,10 @@ def precision_summary(cfg: TetherConfig, policy: HFPolicy) -> dict[str, Any]:
 
 
 def make_reference(policy: HFPolicy) -> HFPolicy:
-    """A frozen copy of the policy's current weights (KL reference)."""
+    """A frozen copy of the policy's current weights (KL reference). For a LoRA policy, the same
+    model scored with its adapters off (`base_only`): the base weights are shared, never copied."""
+    if is_lora(policy.model):
+        return dataclasses.replace(policy, base_only=True)
     model = copy.deepcopy(policy.model)
     model.eval()
     for p in model.parameters():

@@ -13,6 +13,7 @@ from tether.eval.runner import run_eval
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import sanitize_json
 from tether.policy.hf import load_policy
+from tether.policy.lora import is_adapter_dir
 from tether.recipes.common import seed_run, setup_problems
 from tether.rollout import make_rollout
 
@@ -34,7 +35,7 @@ def find_model_dir(run: Path) -> Path:
     ckpt = find_latest_checkpoint(run)
     if ckpt is not None:
         return ckpt
-    if (run / "final_model" / "config.json").is_file():
+    if (run / "final_model" / "config.json").is_file() or is_adapter_dir(run / "final_model"):
         return run / "final_model"
     raise FileNotFoundError(f"{run}: no checkpoint and no final_model/ to evaluate")
 
@@ -44,7 +45,7 @@ def resolve_target(target: Path, overrides: list[str]) -> tuple[TetherConfig, Pa
     checkpoint), a model directory inside a run (`checkpoints/step_N/`, `final_model/`: the run's
     config), or a YAML config whose `model.path` names the model."""
     target = Path(target)
-    if target.is_dir() and (target / "config.json").is_file():  # a Hugging Face model directory
+    if target.is_dir() and ((target / "config.json").is_file() or is_adapter_dir(target)):  # a model (or LoRA adapter)
         for parent in target.parents:
             if (parent / "config.yaml").is_file():
                 return load_config(parent / "config.yaml", overrides), target, parent

@@ -11,7 +11,8 @@ Deliberate simplifications:
   logged, because numerics differ between KV-cache decoding and a full forward);
 - with `algo.epochs == 1` and `algo.mini_batches == 1` pi_old is taken from the training forward
   itself (detached) instead of a separate scoring pass — identical by construction;
-- the reference policy (KL) and the critic (GAE) are in-memory copies of the starting weights;
+- the reference policy (KL) and the critic (GAE) are in-memory copies of the starting weights
+  (with `model.lora`, the reference is the same model with its adapters off: no copy);
 - dynamic sampling refills the batch by drawing more problems, at most `max_gen_batches` times,
   then trains on what it has (the shortfall is logged).
 """
@@ -40,10 +41,11 @@ from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.phase import marks_phase, phase
 from tether.policy import lean_train
-from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing, load_policy
+from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing
+from tether.policy.lora import is_adapter_dir
 from tether.recipes.common import (
-    graceful_interrupt, make_reference, precision_summary, progress_bar, reset_reference, seed_run, setup_policy,
-    setup_problems,
+    attach_lora, graceful_interrupt, load_resume_policy, make_reference, precision_summary, progress_bar, reset_reference,
+    seed_run, setup_policy, setup_problems,
 )
 from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
@@ -85,7 +87,7 @@ class RLState:
             "step": self.step, "data": self.stream.state_dict(), "generator": self.generator.get_state(),
             "update": vars(self.update).copy(), "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl else None,
             "policy_version": self.policy.version,
-            "ref": None if self.ref is None else {k: v.clone() for k, v in self.ref.model.state_dict().items()},
+            "ref": None if self.ref is None or self.ref.base_only else {k: v.clone() for k, v in self.ref.model.state_dict().items()},
             "critic": None if self.critic is None else self.critic.state_dict(),
         }
 
@@ -207,8 +209,10 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     seed_run(cfg.run)
     train, held_out = setup_problems(cfg)
     ckpt = find_latest_checkpoint(rd) if resume else None
-    if policy is None and ckpt is not None and not cfg.model.path:  # the checkpoint is a full HF model + tokenizer
-        policy = load_policy(ckpt, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
+    if policy is None and ckpt is not None and (not cfg.model.path or is_adapter_dir(ckpt)):
+        policy = load_resume_policy(cfg, ckpt)  # a full HF model + tokenizer, or (LoRA) base + adapter slots
+    elif policy is not None and cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
+        attach_lora(policy, cfg, rd.root / "base_model")
     policy = policy or setup_policy(cfg, rd.root, train)
     rollout = make_rollout(cfg)  # prompts past the context: skipped and counted, or refused (data.on_overlong)
     train = rollout.fit_problems(train, policy, cfg, "training")

@@ -28,8 +28,9 @@ from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy
 from tether.policy.prefix import compute_sequence_logprobs
+from tether.policy.lora import is_lora, save_adapter
 from tether.recipes.common import (
-    graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
+    attach_lora, graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
 )
 from tether.rollout import make_rollout
 
@@ -43,6 +44,8 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     train, _ = setup_problems(cfg)
     if policy is None:
         policy = setup_policy(cfg, rd.root, train)
+    elif cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
+        attach_lora(policy, cfg, rd.root / "base_model")
     demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
     records = make_rollout(cfg).build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
     stream = ProblemStream([{"i": i} for i in range(len(records))], cfg.run.seed)
@@ -74,7 +77,10 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
             if stop:
                 break
     final = rd.root / "final_model"
-    model.save_pretrained(str(final), safe_serialization=True)
+    if is_lora(model):  # the adapter (peft format); load_policy / tether eval merge it, tether export writes a plain model
+        save_adapter(model, final)
+    else:
+        model.save_pretrained(str(final), safe_serialization=True)
     policy.tokenizer.save_pretrained(str(final))
     sinks.close()
     summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,

@@ -83,3 +83,26 @@ def test_adapter_saves_reloads_and_merges(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(str(plain))
     with torch.no_grad():
         assert torch.allclose(reloaded(input_ids=ids).logits, want, atol=1e-5)
+
+
+def test_fast_paths_step_aside_for_lora(tmp_path):
+    """tether.policy.decode / lean_train read raw projection weights; a LoRA layer's `.weight` is its
+    base weight, so they must refuse a LoRA model, else rollouts would silently ignore the adapters."""
+    from tether.config import SamplingConfig
+    from tether.policy import decode, lean_train
+    from tether.policy.hf import compute_logprobs, make_policy, run_generate
+
+    model, tok = _tiny(tmp_path)
+    assert decode.supports(model) and lean_train.supports(model)
+    lora = apply_lora(model, LoraConfig(r=4, alpha=8))
+    assert not decode.supports(lora) and not lean_train.supports(lora)
+    torch.manual_seed(1)
+    for _ in range(3):
+        _step(lora, torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]))
+    policy = make_policy(lora, tok)
+    sample = run_generate(policy, [[5, 6, 7]], SamplingConfig(max_new_tokens=6), greedy=True)[0]
+    ids = torch.tensor([list(sample.prompt_ids) + list(sample.token_ids)])
+    with torch.no_grad():
+        logp, _ = compute_logprobs(policy, ids, torch.ones_like(ids))
+    # the sampler's log-probs are those of the adapted model (the trainer's forward runs the adapters)
+    assert torch.allclose(torch.tensor(sample.logprobs), logp[0, 3:], atol=1e-4)

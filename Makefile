@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_AUTH_MODE := disabled
 
-.PHONY: demo test test-fast bench bench-quick install clean
+.PHONY: demo test test-fast bench bench-quick gpu-check install clean
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ bench: $(STAMP)
 BENCH_QUICK_ARGS ?=
 bench-quick: $(STAMP)
 	$(PY) benchmarks/bench_quick.py $(BENCH_QUICK_ARGS)
+
+# GPU validation (vLLM, FSDP2, LoRA) in one script, <= 8 min on one GPU -> gpu_check.json; on a CPU
+# it runs the CPU-safe parts and says which GPU parts it skipped (docs/distributed.md)
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --out gpu_check.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -82,6 +82,31 @@ def make_eval_problems(groups: Sequence[TrajectoryGroup], scores: Sequence[Seque
     ]
 
 
+def compute_reward_agreement(groups: Sequence[TrajectoryGroup], correctness: str | None) -> dict[str, float]:
+    """How well each reward component ranks held-out samples by verified correctness: per component
+    c, the fraction of (correct, incorrect) sample pairs of the same problem that c scores higher
+    for the correct one (ties count half) — an AUC, 0.5 at chance. Keys `eval/reward_agreement/<c>`
+    for every component but the correctness one; a component without any such pair is left out.
+
+    A learned reward (reward model, judge) that agrees with the verifier on held-out probes can
+    stand in for it; one whose agreement falls to chance while training reward rises is being
+    exploited (health detector `learned_reward`).
+    """
+    wins: dict[str, float] = {}
+    pairs: dict[str, int] = {}
+    for g in groups:
+        good = [t.reward.components for t in g.trajectories if t.reward.correct is True]
+        bad = [t.reward.components for t in g.trajectories if t.reward.correct is False]
+        for cg in good:
+            for cb in bad:
+                for name, v in cg.items():
+                    if name == correctness or "/" in name or name not in cb:
+                        continue
+                    wins[name] = wins.get(name, 0.0) + (1.0 if v > cb[name] else 0.5 if v == cb[name] else 0.0)
+                    pairs[name] = pairs.get(name, 0) + 1
+    return {f"eval/reward_agreement/{k}": wins[k] / pairs[k] for k in sorted(pairs)}
+
+
 def run_eval(
     policy: HFPolicy,
     problems: Sequence[Mapping[str, Any]],
@@ -113,6 +138,8 @@ def run_eval(
         metrics: dict[str, float] = {"eval/problems": float(len(groups)), **compute_power_of_two_metrics(curves)}
         rewards = [t.reward.total for g in groups for t in g.trajectories]
         metrics["eval/reward_mean"] = sum(rewards) / max(len(rewards), 1)
+        metrics.update(compute_reward_agreement(groups, reward_cfg.correctness or (
+            reward_cfg.components[0].name if reward_cfg.components else None)))
         turns = [len(t.turns) for g in groups for t in g.trajectories]
         metrics["eval/turns_mean"] = sum(turns) / max(len(turns), 1)
         rows = [

@@ -48,6 +48,11 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
           {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3},
           ("downweight_component", "raise_kl"), "fix the loophole in the verifier / shaping term; down-weight it"),
+    Cause("learned_reward_exploited", "reward", "a learned reward (reward model, judge) is being exploited: "
+          "it no longer agrees with the verifier on held-out probes",
+          {"learned_reward": 5, "learned_reward:agreement": 3, "reward_hacking": 0.5}, ("downweight_component", "halt"),
+          "stop RL against it (DeepSeek-R1 caps RM-based RL), retrain the RM on the policy's recent samples, "
+          "or mix in a verifiable reward; down-weight the component"),
     Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
           {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
            "reward_linkage": -5},

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any
 
-from tether.health import detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
+from tether.health import detectors_learned, detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import ACTIONS, Snapshot, do_rollback, take_snapshot

@@ -37,6 +37,7 @@ CASES = {
     "logp_gap": {"g": _set("logp_gap_mean", 0.05)},
     "stall": {"t": _set("time/step", 1.0), "r": _set("time/reward", 0.8)},
     "regression": {"a": _set("accuracy", 0.05)},
+    "learned_reward": {"a": _set("eval/reward_agreement/reward_model", 0.3)},
 }
 
 

@@ -72,7 +72,7 @@ def test_a_hung_worker_is_killed_and_the_run_stops_naming_the_cause(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="every order was dropped after dist.max_retries=0") as e:
         run_rl_async(cfg, tmp_path)
-    assert "'dist/worker_failures': 1" in str(e.value) and time.monotonic() - t0 < 180
+    assert "'dist/worker_failures': 1" in str(e.value) and time.monotonic() - t0 < 600  # not the endless wait
 
 
 def test_preflight_fails_fast_and_names_the_fix(tmp_path):
@@ -84,4 +84,4 @@ def test_preflight_fails_fast_and_names_the_fix(tmp_path):
     r = CliRunner().invoke(app, ["train-async", str(cfg), "--run-dir", str(tmp_path / "run")])
     assert r.exit_code == 1, r.output
     assert "short of 2 CPU" in r.output and "dist.rollout_workers" in r.output and "ray start" in r.output
-    assert time.monotonic() - t0 < 120  # Ray start-up included; never the endless wait of verl#7656
+    assert time.monotonic() - t0 < 400  # Ray start-up on a loaded box included; never the endless wait of verl#7656

@@ -96,7 +96,8 @@ def test_eval_command_on_a_run_and_bf16_autocast(tmp_path):
     assert 0.0 <= out["metrics"]["eval/pass@1"] <= 1.0 and "eval/pass@4" in out["metrics"]
 
 
-
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~4x the idle time: under load (two busy processes and more) it passed the global 600 s
 def test_two_pipelines_on_two_threads_are_identical(tmp_path):
     """Same config and seed -> the same metrics to the last bit, with two intra-op threads (the
     default `run.deterministic=None` turns torch's deterministic algorithms on for CPU runs).

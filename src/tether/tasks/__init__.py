@@ -94,6 +94,8 @@ def make_problems(task: str, size: int, seed: int, kwargs: dict[str, Any] | None
     rng = random.Random(seed * 7919 + offset)
     try:
         return [spec.make_problem(rng, i, kw) | {"id": f"{split}-{i}"} for i in range(size)]
+    except UserError:
+        raise
     except (TypeError, ValueError, KeyError, IndexError) as err:  # e.g. digits: abc
         raise DataError(f"data.task_kwargs={kw} do not fit task {task!r} ({type(err).__name__}: {err}); "
                         f"see the task's docstring (tether.tasks) for its kwargs") from None

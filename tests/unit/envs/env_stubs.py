@@ -44,7 +44,7 @@ def slow_tool(x: str) -> str:
     Args:
         x: ignored
     """
-    time.sleep(2.0)
+    time.sleep(30.0)  # far past any deadline a test sets, so a loaded machine cannot blur the two
     return "late"
 
 
@@ -77,7 +77,7 @@ class ToolEnv:
         if fail == "garbage":
             return GARBAGE[self.task["kind"]]  # type: ignore[return-value]
         if fail == "hang":
-            time.sleep(2.0)
+            time.sleep(30.0)  # abandoned on a daemon thread
         p = action.parsed
         if p.calls or p.errors:
             results = run_tool_calls({t.name: t for t in self.tools}, p.calls, timeout_s=5.0)

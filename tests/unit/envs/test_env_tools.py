@@ -62,7 +62,7 @@ def test_raising_slow_unknown_and_misused_tools_are_contained():
     assert res[0].content == "w <|endoftext|>"
     assert "tool exploded" in res[1].content and "unknown tool 'nope'" in res[3].content
     assert "unexpected keyword" in res[4].content
-    assert res[2].seconds < 1.0  # the 2 s sleeper was abandoned at its 0.2 s deadline
+    assert res[2].seconds < 10.0  # the 30 s sleeper was abandoned at its 0.2 s deadline (slack for a loaded box)
     info = compute_tool_info(res, ["bad"])
     assert info == {"tool_calls": 5, "tool_errors": 3, "tool_timeouts": 1, "parse_errors": 1}
     assert [m.content.split(":")[0] for m in compute_tool_messages(res)] == ["w <|endoftext|>", "error", "error", "error", "error"]

@@ -120,8 +120,9 @@ def test_math_verify_in_isolation(isolation: str) -> None:
     """verl PR#5635: math-verify's signal.alarm must not turn every score into 0 off the main thread."""
     texts = ["\\boxed{\\frac{1}{2}}", "The answer is 0.5", "\\boxed{3}", "<answer>1/2</answer>"]
     tasks = [{"prompt": "", "answer": "0.5"}] * 4
-    # 120 s: a deadline for a hang only; the first parse warms sympy up and took > 20 s on a loaded 2-core box
-    results, m = run_rewards(texts, tasks, make_cfg("math_verify", isolation, timeout_s=120.0))
+    # Deadlines for a hang only: the first parse warms sympy up and took > 20 s on a loaded 2-core box, past both
+    # math-verify's own alarm (3 s by default) and the isolation wall clock.
+    results, m = run_rewards(texts, tasks, make_cfg("math_verify", isolation, timeout_s=120.0, kwargs={"timeout_s": 60}))
     assert [r.outcome for r in results] == [Outcome.OK] * 4, [r.error for r in results]
     assert [r.total for r in results] == [1.0, 1.0, 0.0, 1.0]
     assert m["reward/correct_rate"] == 0.75

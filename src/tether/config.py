@@ -303,6 +303,9 @@ class LoggingConfig(_Base):
 
 from tether.health.config import HealthConfig  # noqa: E402  (defined next to the health layer)
 from tether.dist.config import DistConfig, find_dist_problems  # noqa: E402  (next to tether.dist)
+from tether.recipes.stage_config import (  # noqa: E402  (next to the stage recipes)
+    DistillConfig, DPOConfig, MergeConfig, PipelineConfig, RSSFTConfig,
+)
 
 
 class RunConfig(_Base):
@@ -383,6 +386,11 @@ class TetherConfig(_Base):
     dist: DistConfig = DistConfig()
     sandbox: SandboxConfig = SandboxConfig()
     harness: HarnessConfig = HarnessConfig()
+    rs_sft: RSSFTConfig = RSSFTConfig()
+    dpo: DPOConfig = DPOConfig()
+    distill: DistillConfig = DistillConfig()
+    merge: MergeConfig = MergeConfig()
+    pipeline: PipelineConfig = PipelineConfig()
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":

@@ -1,4 +1,4 @@
-"""CLI: `tether pipeline CONFIG` (SFT cold start -> RL) and `tether compare-context CONFIG`
+"""CLI: `tether pipeline CONFIG` (the config's stages; by default SFT cold start -> RL) and `tether compare-context CONFIG`
 (Agent-R1's context-management comparison); see `tether.recipes.pipeline`."""
 
 from __future__ import annotations
@@ -21,18 +21,29 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="YAML config (e.g. configs/household.yaml)"),
         overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>"),
+        resume: bool = typer.Option(False, "--resume", help="skip finished stages, resume the interrupted one"),
     ) -> None:
-        """SFT on the task's (weak-teacher) demonstrations, then RL; summary.json holds the lift."""
+        """The config's pipeline.stages (sft, rl, rs_sft, dpo, distill, merge, eval), each stage's model
+        handed to the next; without stages: SFT on the task's demonstrations, then RL. summary.json
+        holds held-out metrics after every stage."""
         from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary
+        from tether.config import ConfigError
+        from tether.recipes.multistage import plan_stages
         from tether.recipes.pipeline import run_pipeline
 
         _offline_env()
         cfg = _load(config, overrides or [])
+        if resume and run_dir is None:
+            _fail("--resume needs --run-dir DIR (the pipeline to continue)", 2)
+        try:
+            plan_stages(cfg)  # stage overrides and model references, before anything runs
+        except ConfigError as err:
+            _fail(str(err), 2)
         rd = run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()
         try:
-            summary = run_pipeline(cfg, rd)
+            summary = run_pipeline(cfg, rd, resume=resume)
         except _known_errors() as err:
             _fail_run(rd, existed, err)
         _print_summary(summary)

@@ -1,11 +1,13 @@
 """SFT cold start -> RL in one run directory, and the context-management comparison.
 
     tether pipeline configs/qa.yaml            # <run>/sft, <run>/rl, <run>/summary.json (the lift)
+    tether pipeline configs/r1.yaml            # any `pipeline.stages` (recipes/multistage.py)
     tether compare-context configs/qa.yaml     # the pipeline once per context builder, ranked
 
-`run_pipeline` is the demo's two stages (recipes/demo.py) for any config: SFT on the task's
-scripted demonstrations (`sft.demo_noise`: a weak teacher), then RL from that model, with the
-held-out success of the SFT start and of the final policy in `summary.json`.
+`run_pipeline` runs the config's `pipeline.stages`; without any it is the demo's two stages
+(recipes/demo.py) as a two-stage pipeline: SFT on the task's scripted demonstrations
+(`sft.demo_noise`: a weak teacher), then RL from that model, with the held-out success of the
+SFT model and of the final policy in `summary.json`.
 
 `run_context_comparison` reproduces Agent-R1's context-management experiment (arXiv 2511.14460
 v2, "flexible context management": sliding window > append-only > LLM summary on multi-hop QA):
@@ -31,37 +33,17 @@ from tether.io.run_dir import make_run_dir
 BUILDERS = ("sliding_window", "append", "summary")
 
 
-def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print) -> dict[str, Any]:
-    """SFT (`cfg.sft`) then RL (`cfg.train`, `cfg.algo`) from it; returns the summary it writes."""
-    from tether.recipes.rl import run_rl
-    from tether.recipes.sft import run_sft
+def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print, resume: bool = False) -> dict[str, Any]:
+    """The config's `pipeline.stages` (recipes/multistage.py); without stages, the two-stage
+    pipeline `[{kind: sft, name: sft}, {kind: rl, name: rl}]`. Returns the summary it writes."""
+    from tether.recipes.multistage import run_stages
 
-    t0, c0 = time.perf_counter(), time.process_time()
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
-    log(f"[tether pipeline] task={cfg.data.task} builder={cfg.env.context.builder}: SFT {cfg.sft.steps} steps "
-        f"(demo_noise={cfg.sft.demo_noise:g}), then {cfg.algo.advantage.name.upper()} {cfg.train.steps} steps "
-        f"({cfg.rollout.problems_per_step} problems x {cfg.rollout.n} rollouts)")
-    policy, sft_summary = run_sft(cfg, rd.root / "sft")
-    t_sft = time.perf_counter() - t0
-    log(f"[tether pipeline] SFT done in {t_sft:.0f}s (final loss {sft_summary['final_loss']:.3f}); starting RL")
-    rl = run_rl(cfg, rd.root / "rl", policy=policy)
-    b, f = rl["baseline_accuracy"] or 0.0, rl["final_accuracy"] or 0.0
-    summary = {
-        "kind": "pipeline", "task": cfg.data.task, "context_builder": cfg.env.context.builder, "seed": cfg.run.seed,
-        "baseline_accuracy": b, "final_accuracy": f, "accuracy_lift": f - b,
-        "baseline_greedy_accuracy": rl.get("baseline_greedy_accuracy"),
-        "final_greedy_accuracy": rl.get("final_greedy_accuracy"),
-        "final_turns_mean": rl["final_eval"].get("eval/turns_mean"),
-        "sft_seconds": t_sft, "rl_seconds": rl["wall_seconds"], "wall_seconds": time.perf_counter() - t0,
-        # CPU time of this process: on a shared machine, the wall time it would take on free cores
-        "cpu_seconds": time.process_time() - c0,
-        "rl_steps": rl["steps"], "sft_run": str(rd.root / "sft"), "rl_run": str(rd.root / "rl"),
-        "precision": rl.get("precision"),
-    }
-    rd.write_summary(summary)
-    log(f"[tether pipeline] held-out pass@1: SFT start {b:.3f} -> after RL {f:.3f} ({100 * (f - b):+.1f} points) "
-        f"in {summary['wall_seconds']:.0f}s total ({summary['cpu_seconds']:.0f} CPU seconds)")
+    summary = run_stages(cfg, run_dir, resume=resume, log=log)
+    b, f = summary["baseline_accuracy"], summary["final_accuracy"]
+    if b is not None and f is not None and len(summary["stages"]) > 1:
+        log(f"[tether pipeline] held-out pass@1: after {summary['stages'][0]['name']} {b:.3f} -> after "
+            f"{summary['stages'][-1]['name']} {f:.3f} ({100 * (f - b):+.1f} points) in {summary['wall_seconds']:.0f}s "
+            f"total ({summary['cpu_seconds']:.0f} CPU seconds)")
     return summary
 
 

@@ -144,16 +144,18 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
     return batch, metrics
 
 
-def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups) -> tuple[dict[str, float], list[TrajectoryGroup]]:
+def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups,
+                build=make_train_batch) -> tuple[dict[str, float], list[TrajectoryGroup]]:
     """One RL step; `collect(st, cfg) -> (groups, metrics)` is the rollout side (tether.rollout.collect_groups;
-    recipes/rl_async.py swaps in the Ray workers)."""
+    recipes/rl_async.py swaps in the Ray workers), `build(st, cfg, groups) -> (batch, metrics)` the credit
+    assignment (recipes/distill.py swaps it)."""
     t0 = time.perf_counter()
     with phase("rollout"):  # the phase markers tell the watchdog (tether.health) where a hang is
         groups, metrics = collect(st, cfg)
     rewards = [t.reward.total for g in groups for t in g.trajectories]
     t1 = time.perf_counter()
     with phase("batch"):
-        batch, bm = make_train_batch(st, cfg, groups)
+        batch, bm = build(st, cfg, groups)
     metrics.update(bm)
     t2 = time.perf_counter()
     with phase("update"):
@@ -201,7 +203,7 @@ def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -
 
 @marks_phase("loop")
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
-           collect=collect_groups) -> dict[str, Any]:
+           collect=collect_groups, build=make_train_batch, kind: str = "rl") -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
@@ -237,7 +239,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         last_eval = evals[-1] if len(evals) > 1 else first_eval
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop:
-            metrics, groups = run_rl_step(st, cfg, collect)
+            metrics, groups = run_rl_step(st, cfg, collect, build)
             st.step += 1
             if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
@@ -258,7 +260,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     rows = rd.read_metrics()
     plot_metrics(rows, rd.plots_dir)
     summary = {
-        "kind": "rl", "steps": st.step, "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t_start,
+        "kind": kind, "steps": st.step, "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t_start,
         # final_* describe the last evaluation after training started (none if interrupted before one)
         "baseline_accuracy": first_eval.get("eval/pass@1"),
         "final_accuracy": last_eval.get("eval/pass@1") if last_eval is not first_eval or st.step == 0 else None,

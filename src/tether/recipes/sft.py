@@ -35,8 +35,10 @@ from tether.recipes.common import (
 from tether.rollout import make_rollout
 
 
-def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False) -> tuple[HFPolicy, dict[str, Any]]:
-    """Train on demonstrations for `cfg.sft.steps` steps; returns the policy and a summary."""
+def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False,
+            records: list[SeqRecord] | None = None) -> tuple[HFPolicy, dict[str, Any]]:
+    """Train on demonstrations for `cfg.sft.steps` steps; returns the policy and a summary.
+    `records`: train on these sequences instead (recipes/rs_sft.py's accepted samples)."""
     t_start = time.perf_counter()
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
@@ -46,8 +48,9 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
         policy = setup_policy(cfg, rd.root, train)
     elif cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
         attach_lora(policy, cfg, rd.root / "base_model")
-    demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
-    records = make_rollout(cfg).build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
+    if records is None:
+        demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
+        records = make_rollout(cfg).build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
     stream = ProblemStream([{"i": i} for i in range(len(records))], cfg.run.seed)
     model = policy.model
     model.train()

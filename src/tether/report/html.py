@@ -265,11 +265,18 @@ def render_config(data: RunData) -> str:
     return f"<section id='config'><h2>Config</h2><pre>{esc(text)}</pre></section>"
 
 
-def render_report(data: RunData) -> str:
+def render_report(data: RunData, stages: list[dict[str, Any]] | None = None) -> str:
+    """`stages`: a multi-stage pipeline's stage rows (tether.report.stages), shown first."""
+    from tether.report.stages import render_stages
+
     markers = health_markers(data)
     sections = [render_summary(data), render_curves(data, markers), render_evaluation(data),
                 render_health(data, markers), render_trajectories(data), render_config(data)]
-    nav = "".join(f"<a href='#{s}'>{s}</a>" for s in ("summary", "curves", "evaluation", "health", "trajectories", "config"))
+    names = ["summary", "curves", "evaluation", "health", "trajectories", "config"]
+    if stages:
+        sections.insert(0, render_stages(stages, esc))
+        names.insert(0, "stages")
+    nav = "".join(f"<a href='#{s}'>{s}</a>" for s in names)
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>tether report: {esc(data.name)}</title><style>{CSS}</style></head><body>"
             f"<header><h1>tether report: {esc(data.name)}</h1><div class='sub'>{esc(str(data.root))} · generated "
@@ -278,8 +285,12 @@ def render_report(data: RunData) -> str:
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Render the report of `run_dir` to `out` (default: <run>/report.html); returns the path."""
-    data = load_run(Path(run_dir))
-    path = Path(out) if out else data.root / "report.html"
+    from tether.report.stages import last_stage_run, load_stages
+
+    stages = load_stages(Path(run_dir))
+    last = last_stage_run(Path(run_dir), stages) if stages else None
+    data = load_run(last or Path(run_dir))
+    path = Path(out) if out else (Path(run_dir) if stages else data.root) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(data), encoding="utf-8")
+    path.write_text(render_report(data, stages), encoding="utf-8")
     return path

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -169,7 +170,10 @@ def run_stages(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, log
             stage_cfg = build_config(_resolve(data, models, start), f"pipeline stage {st.name!r}")
             log(f"[tether pipeline] stage {i + 1}/{len(plan)} {st.name} ({st.kind}) from {start or 'a new tiny model'}")
             t1 = time.perf_counter()
-            summary = STAGE_RUNNERS[st.kind](stage_cfg, sdir, resume and sdir.is_dir())
+            resume_stage = resume and find_latest_checkpoint(sdir) is not None
+            if resume and sdir.is_dir() and not resume_stage:  # killed before its first checkpoint: start afresh
+                shutil.rmtree(sdir)
+            summary = STAGE_RUNNERS[st.kind](stage_cfg, sdir, resume_stage)
             if summary.get("interrupted"):
                 log(f"[tether pipeline] interrupted in stage {st.name}; resume with --resume --run-dir {rd.root}")
                 return _write_summary(rd, cfg, rows, (t0, c0), interrupted=st.name)

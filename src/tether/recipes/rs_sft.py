@@ -109,7 +109,8 @@ def run_rs_sft(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> 
         _save_records(data_file, records, stats)
     print(f"[rs_sft] kept {int(stats['rs/kept'])} of {int(stats['rs/accepted'])} accepted samples "
           f"({stats['rs/accept_rate']:.2f} of {int(stats['rs/samples'])}), {int(stats['rs/mixed'])} mixed in", flush=True)
-    _, sft = run_sft(cfg, rd.root, policy=policy, resume=resume, records=records)
+    # this stage's own folder: continue its SFT checkpoint if there is one (there is none on a fresh start)
+    _, sft = run_sft(cfg, rd.root, policy=policy, resume=True, records=records)
     summary = {**sft, "kind": "rs_sft", **stats, "wall_seconds": time.perf_counter() - t0}
     rd.write_summary(summary)
     return summary

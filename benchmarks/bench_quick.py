@@ -37,13 +37,13 @@ def check_ratio(ratio: float, baseline: dict | None, tolerance: float) -> tuple[
     return ratio <= limit, msg
 
 
-def run_comparison(runs: int, slowdown: float) -> dict:
+def run_comparison(runs: int, slowdown: float, out: str | None) -> dict:
     from vs_trl import main as vs_trl
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-quick-") as tmp:
         argv = ["--sizes", "small", "--runs", str(runs), "--steps", "2", "--trl-precision", "fp32", "--no-match-precision",
                 "--no-compiled-arm", "--no-curves", "--no-prefix", "--no-ablations", "--slow-factor", "0",
-                "--out", str(Path(tmp) / "quick.json")]
+                "--out", out or str(Path(tmp) / "quick.json")]
         if slowdown:
             argv += ["--slowdown", str(slowdown)]
         return vs_trl(argv)
@@ -57,8 +57,10 @@ def main(argv=None) -> int:
     p.add_argument("--update", action="store_true", help="write this run's ratio as the baseline of this CPU class")
     p.add_argument("--slowdown", type=float, default=0.0,
                    help="seconds of sleep added to every tether update: a deliberately slowed build (shows the guard fail)")
+    p.add_argument("--out", help="also keep the comparison's full result (vs_trl.py JSON) here")
+    p.add_argument("--from-result", help="check a result kept with --out instead of running")
     a = p.parse_args(argv)
-    res = run_comparison(a.runs, a.slowdown)
+    res = json.loads(Path(a.from_result).read_text()) if a.from_result else run_comparison(a.runs, a.slowdown, a.out)
     m, small = res["machine"], res["sizes"]["small"]
     ratio = small["tether"]["s_per_step"] / small["trl_fp32"]["s_per_step"]
     path = Path(a.baseline)

@@ -76,9 +76,12 @@ class SweepSpec:
     command: str = "train"
     metric: str = "final_accuracy"
     overrides: list[str] = field(default_factory=list)
+    arm_list: list[list[str]] = field(default_factory=list)  # explicit arms (instead of, or before, the grid)
+    extra_metrics: list[str] = field(default_factory=list)  # recorded per run and tabled too
 
     def arms(self) -> list[Arm]:
-        return expand_arms(self.grid)
+        explicit = [Arm(tuple(a)) for a in self.arm_list]
+        return explicit + (expand_arms(self.grid) if self.grid or not explicit else [])
 
     def validate(self) -> None:
         if self.command not in COMMANDS:
@@ -87,6 +90,10 @@ class SweepSpec:
             raise SweepError("no seeds: pass --seeds 0,1,2 (or sweep.seeds in the YAML)")
         if len(set(self.seeds)) != len(self.seeds):
             raise SweepError(f"seeds repeat: {self.seeds}")
+        for arm in self.arm_list:
+            bad = [o for o in arm if "=" not in o]
+            if bad:
+                raise SweepError(f"arm {arm}: expected key.path=value overrides, got {bad}")
         for key, values in self.grid.items():
             if not values:
                 raise SweepError(f"--grid {key}: no values (expected {key}=v1,v2)")
@@ -157,8 +164,24 @@ def compute_difference(ref: Mapping[int, float], other: Mapping[int, float]) -> 
     return {"diff": diff, "se": se, "kind": kind, "within_noise": noise}
 
 
-def metric_of(summary: Mapping[str, Any], metric: str) -> float | None:
-    """A value of summary.json by key, or a dotted path into nested dicts ("final_eval.eval/pass@1")."""
+def _metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl of a run (or of its RL stage: <run>/rl/metrics.jsonl for a pipeline)."""
+    for path in (run_dir / "metrics.jsonl", run_dir / "rl" / "metrics.jsonl"):
+        if path.exists():
+            return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return []
+
+
+def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = None) -> float | None:
+    """A value of summary.json by key, or a dotted path into nested dicts ("final_eval.eval/pass@1");
+    `mean:<key>` / `last:<key>` / `max:<key>`: over the training steps (step >= 1) of metrics.jsonl."""
+    agg, sep, key = metric.partition(":")
+    if sep and agg in ("mean", "last", "max"):
+        vals = [float(r[key]) for r in _metrics_rows(run_dir) if r.get("step", 0) >= 1
+                and isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))] if run_dir else []
+        if not vals:
+            return None
+        return sum(vals) / len(vals) if agg == "mean" else vals[-1] if agg == "last" else max(vals)
     if metric in summary:
         v: Any = summary[metric]
     else:
@@ -228,9 +251,10 @@ def load_sweep_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     block = raw.pop("sweep", None) or {}
     if not isinstance(block, dict):
         raise SweepError(f"{path}: `sweep:` must be a mapping (grid, seeds, command, metric, workers)")
-    unknown = set(block) - {"grid", "seeds", "command", "metric", "workers"}
+    valid = {"grid", "arms", "seeds", "command", "metric", "extra_metrics", "workers"}
+    unknown = set(block) - valid
     if unknown:
-        raise SweepError(f"{path}: unknown sweep key(s) {sorted(unknown)}; valid: grid, seeds, command, metric, workers")
+        raise SweepError(f"{path}: unknown sweep key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}")
     return raw, block
 
 
@@ -251,12 +275,13 @@ def _prepare_dir(out: Path, base: Mapping[str, Any], spec: SweepSpec) -> None:
     spec_path.write_text(json.dumps(want, indent=1))
 
 
-def _collect(run_dir: Path, arm: Arm, seed: int, metric: str) -> dict[str, Any] | None:
+def _collect(run_dir: Path, arm: Arm, seed: int, metric: str, extra: Sequence[str] = ()) -> dict[str, Any] | None:
     path = run_dir / "summary.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    return {"arm": arm.label, "seed": seed, "run_dir": str(run_dir), "value": metric_of(summary, metric),
+    return {"arm": arm.label, "seed": seed, "run_dir": str(run_dir), "value": metric_of(summary, metric, run_dir),
+            "extra": {m: metric_of(summary, m, run_dir) for m in extra},
             "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
 
 
@@ -288,7 +313,7 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
     for arm in arms:
         for seed in spec.seeds:
             run_dir = out / arm.slug / f"seed-{seed}"
-            done = _collect(run_dir, arm, seed, spec.metric)
+            done = _collect(run_dir, arm, seed, spec.metric, spec.extra_metrics)
             if done is not None:
                 results.append(done)
             else:
@@ -314,7 +339,7 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
             for fut in done_set:
                 arm, seed, run_dir, code, secs = fut.result()
                 finished += 1
-                row = _collect(run_dir, arm, seed, spec.metric) if code == 0 else None
+                row = _collect(run_dir, arm, seed, spec.metric, spec.extra_metrics) if code == 0 else None
                 if row is None:
                     failures.append(f"{arm.label} seed {seed} (exit {code}; log {run_dir.name}.log)")
                 else:
@@ -332,12 +357,14 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
 def write_sweep_results(out: Path, spec: SweepSpec, arms: Sequence[Arm], results: Sequence[Mapping[str, Any]],
                         failures: Sequence[str] = ()) -> dict[str, Any]:
     rows = compute_sweep_table(results, arms, spec.metric)
+    extra_tables = {m: compute_sweep_table([{**r, "value": r.get("extra", {}).get(m)} for r in results], arms, m)
+                    for m in spec.extra_metrics}
     order = {(a.label, s): i for i, (a, s) in enumerate(itertools.product(arms, spec.seeds))}
-    payload = {"spec": asdict(spec), "table": rows, "failures": list(failures),
+    payload = {"spec": asdict(spec), "table": rows, "extra_tables": extra_tables, "failures": list(failures),
                "runs": sorted(results, key=lambda r: order.get((r["arm"], int(r["seed"])), 0)),
                "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     (out / "sweep.json").write_text(json.dumps(payload, indent=1, default=float))
-    (out / "sweep.md").write_text(format_table(rows) + "\n")
+    (out / "sweep.md").write_text("\n\n".join([format_table(rows), *(format_table(t) for t in extra_tables.values())]) + "\n")
     plot_sweep(rows, out / "plots" / "sweep.png")
     return payload
 

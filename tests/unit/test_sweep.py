@@ -209,3 +209,24 @@ def test_report_renders_a_sweep(tmp_path):
     page = write_sweep_report(tmp_path).read_text()
     assert "id='table'" in page and "rollout.n=8" in page and "data:image/png;base64," in page
     assert "+0.4000 ± 0.0000 (paired)" in page
+
+
+def test_explicit_arms_and_metrics_from_the_log(tmp_path):
+    def runs(argv, run_dir, log_path):
+        run_dir.mkdir(parents=True)
+        k = int(next(a for a in argv if a.startswith("top_k=")).split("=")[1])
+        rows = [{"step": 0, "gap": 99.0}] + [{"step": s, "gap": k * 0.5 + s} for s in (1, 2, 3)]
+        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        (run_dir / "summary.json").write_text(json.dumps({"final_accuracy": 0.5}))
+        return 0
+
+    spec = SweepSpec(grid={}, seeds=[0, 1], arm_list=[["top_k=0"], ["top_k=3", "keep=true"]], metric="mean:gap",
+                     extra_metrics=["last:gap", "final_accuracy"])
+    assert [a.label for a in spec.arms()] == ["top_k=0", "top_k=3, keep=true"]
+    payload = run_sweep(spec, {}, tmp_path, run_fn=runs, log=lambda m: None)
+    # mean over steps 1..3 (step 0 is the starting evaluation): k=0 -> 2.0, k=3 -> 3.5
+    assert [r["mean"] for r in payload["table"]] == pytest.approx([2.0, 3.5])
+    assert [r["mean"] for r in payload["extra_tables"]["last:gap"]] == pytest.approx([3.0, 4.5])
+    assert "| `top_k=3, keep=true` |" in (tmp_path / "sweep.md").read_text()
+    with pytest.raises(SweepError, match="expected key.path=value"):
+        SweepSpec(grid={}, seeds=[0], arm_list=[["nokey"]]).validate()

@@ -20,9 +20,12 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="YAML config (may hold a `sweep:` block: grid, seeds, command, metric, workers)"),
         overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides applied to every run"),
         grid: Optional[List[str]] = typer.Option(None, "--grid", help="key.path=v1,v2 (repeat for a cartesian product)"),
+        arm: Optional[List[str]] = typer.Option(None, "--arm", help="one explicit arm: 'k=v k2=v2' (repeatable; before the grid)"),
         seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated run seeds (default: 0,1,2)"),
         command: Optional[str] = typer.Option(None, "--command", help="what each run is: train | pipeline | sft (default train)"),
-        metric: Optional[str] = typer.Option(None, "--metric", help="summary.json key compared (default final_accuracy)"),
+        metric: Optional[str] = typer.Option(None, "--metric", help="summary.json key compared (default final_accuracy); "
+                                                                  "mean:KEY / last:KEY / max:KEY read metrics.jsonl"),
+        extra_metric: Optional[List[str]] = typer.Option(None, "--extra-metric", help="further metrics to table (repeatable)"),
         workers: Optional[int] = typer.Option(None, "--workers", help="runs at a time (default 1)"),
         out: Optional[Path] = typer.Option(None, "--out", help="sweep directory (default runs/<name>-sweep-<timestamp>); "
                                                               "an existing one is resumed"),
@@ -39,7 +42,9 @@ def register(app: typer.Typer) -> None:
                 grid=parse_grid(grid) if grid else {str(k): [str(v) for v in vs] for k, vs in (block.get("grid") or {}).items()},
                 seeds=parse_seeds(seeds if seeds is not None else block.get("seeds", [0, 1, 2])),
                 command=command or block.get("command", "train"), metric=metric or block.get("metric", "final_accuracy"),
-                overrides=list(overrides or []))
+                overrides=list(overrides or []),
+                arm_list=[a.split() for a in arm] if arm else [[str(o) for o in a] for a in (block.get("arms") or [])],
+                extra_metrics=list(extra_metric or block.get("extra_metrics") or []))
             spec.validate()
             n_workers = workers if workers is not None else int(block.get("workers", 1))
             if n_workers < 1:

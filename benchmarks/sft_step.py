@@ -41,6 +41,7 @@ def main(argv=None) -> dict:
     from tether.optim import build_optimizer, build_scheduler
     from vs_trl import machine_description
 
+    machine = machine_description(1)
     cfgs = {share: load_config(demo_config_path(), [f"train.share_prefix='{share}'"]) for share in ("off", "auto")}
     cfg = cfgs["auto"]
     seed_run(cfg.run)
@@ -65,7 +66,7 @@ def main(argv=None) -> dict:
                 times[name].append((time.perf_counter() - t0, time.process_time() - c0))
     res = {name: {"wall_s": statistics.median(w for w, _ in v), "cpu_s": statistics.median(c for _, c in v)}
            for name, v in times.items()}
-    out = {"machine": machine_description(1), "precision": precision_summary(cfg, policy), "reps": a.reps,
+    out = {"machine": machine, "precision": precision_summary(cfg, policy), "reps": a.reps,
            "records": len(records), "mean_tokens": statistics.mean(len(r.ids) for r in records),
            "batch_size": cfg.sft.batch_size, "arms": res, "command": " ".join(["python"] + sys.argv)}
     out["machine"]["load_avg_end"] = list(os.getloadavg())

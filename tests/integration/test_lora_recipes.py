@@ -121,3 +121,11 @@ def test_lora_sft_learns_and_final_model_is_an_adapter(tmp_path):
 def test_reset_every_with_lora_is_refused():
     with pytest.raises(ValueError, match="reset_every cannot work with model.lora"):
         load_config(None, RL + ["algo.kl.reset_every=2"])
+
+
+def test_lora_with_the_async_recipe_is_refused_with_the_fix():
+    from tether.config import ConfigError
+    from tether.recipes.rl_async import prepare_async_config
+
+    with pytest.raises(ConfigError, match="model.lora is not wired into Ray rollout workers.*tether train"):
+        prepare_async_config(load_config(None, RL + ["train.steps=1"]))

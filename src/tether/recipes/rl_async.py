@@ -50,6 +50,9 @@ def prepare_async_config(cfg: TetherConfig) -> TetherConfig:
     if cfg.health.inject:
         raise ConfigError("health.inject: fault injection is not wired into Ray rollout workers; "
                           "run faultbench with `tether train` (recipes/rl.py)")
+    if cfg.model.lora is not None:
+        raise ConfigError("model.lora is not wired into Ray rollout workers yet (they would receive peft-named "
+                          "weights): train LoRA with `tether train` (docs/lora.md)")
     cfg = cfg.model_copy(deep=True)
     bound = d.max_staleness + (d.partial.max_parks if d.partial.token_budget else 0) \
         + d.cross_policy.pool_size * d.cross_policy.every

@@ -156,3 +156,12 @@ def test_r1_config_has_the_five_r1_stages():
     kinds = [(s.name, s.kind) for s, _ in plan_stages(cfg)]
     assert kinds[1:] == [("rl_zero", "rl"), ("cold_start", "sft"), ("rl", "rl"), ("rs_sft", "rs_sft"), ("rl_final", "rl")]
     assert json.loads(json.dumps(cfg.model_dump(mode="json")))["pipeline"]["stages"][0]["kind"] == "sft"
+
+
+def test_comparison_configs_plan_their_stages():
+    plan = plan_stages(load_config("configs/distill_vs_rl.yaml"))
+    assert [(s.name, s.kind, s.start_from) for s, _ in plan] == [
+        ("base", "sft", None), ("teacher", "rl", None), ("distilled", "distill", "base"), ("rl_alone", "rl", "base")]
+    assert plan[1][1]["train"]["steps"] == 80 and plan[2][1]["train"]["steps"] == plan[3][1]["train"]["steps"] == 20
+    plan = plan_stages(load_config("configs/dpo_then_rl.yaml"))
+    assert [s.start_from for s, _ in plan] == [None, None, None, "sft"] and plan[2][1]["algo"]["kl"]["coef"] == 0.0

@@ -115,12 +115,14 @@ def score_sides(policy: HFPolicy, sides: Sequence[Side]) -> tuple[torch.Tensor, 
 
 
 def _reference_logps(policy: HFPolicy, pairs: list[tuple[Side, Side]], chunk: int = 32) -> list[tuple[float, float]]:
-    out = []
+    out, was_training = [], policy.model.training
+    policy.model.eval()  # no dropout in the reference's scores
     with torch.no_grad():
         for i in range(0, len(pairs), chunk):
             part = pairs[i:i + chunk]
             lp, _ = score_sides(policy, [s for pair in part for s in pair])
             out += [(float(lp[2 * j]), float(lp[2 * j + 1])) for j in range(len(part))]
+    policy.model.train(was_training)
     return out
 
 

@@ -42,7 +42,7 @@ def run_comparison(runs: int, slowdown: float, out: str | None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-quick-") as tmp:
         argv = ["--sizes", "small", "--runs", str(runs), "--steps", "2", "--trl-precision", "fp32", "--no-match-precision",
-                "--no-compiled-arm", "--no-curves", "--no-prefix", "--no-ablations", "--slow-factor", "0",
+                "--no-compiled-arm", "--no-curves", "--no-prefix", "--no-ablations", "--slow-factor", "0", "--no-account",
                 "--out", out or str(Path(tmp) / "quick.json")]
         if slowdown:
             argv += ["--slowdown", str(slowdown)]

@@ -241,7 +241,7 @@ def speed_size(size: str, args, work: Path) -> dict:
             if name in once:
                 continue
             spec = base_spec(fw, model_dir, prec, args.threads, r)
-            spec.update(steps=args.steps, account=True, tether_overrides=overrides, slowdown_s=args.slowdown)
+            spec.update(steps=args.steps, account=args.account, tether_overrides=overrides, slowdown_s=args.slowdown)
             res = run_worker(spec, work)
             counted = r >= args.warmup_rounds or r == 0 and args.slow_factor > 0
             if counted:
@@ -385,6 +385,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="small only, 3 runs, no curves")
     p.add_argument("--out", default=str(HERE / "results" / "vs_trl.json"))
     p.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # bench_quick.py's demonstration
+    p.add_argument("--no-account", dest="account", action="store_false",
+                   help="skip the matmul-peak and decode-floor measurements after each run (bench_quick: s/step only)")
     a = p.parse_args(argv)
     if a.quick:
         a.sizes, a.runs, a.no_curves, a.no_ablations = "small", 3, True, True

@@ -6,7 +6,9 @@
     tether eval RUN_DIR|CONFIG        held-out evaluation of a run's final checkpoint or a config's model
     tether show RUN_DIR               a summary of a run
 
-Invalid use exits with code 2 and a one-line error. Further commands (doctor, faultbench, plan,
+Invalid use exits with code 2 and a one-line error (any `tether.errors.UserError`, or an OSError
+such as a full or read-only disk, naming the path); a failed run exits 1 naming the cause; nothing
+prints a traceback unless `tether --debug COMMAND ...`. Further commands (doctor, faultbench, plan,
 fit, report, compare) register themselves from `tether.commands.*` modules.
 """
 

@@ -46,13 +46,33 @@ def check_steps(cfg: TetherConfig, kind: str) -> None:
                          "(to evaluate a model without training, use `tether eval CONFIG`)")
 
 
-def _read_model_config(p: Path) -> dict[str, Any]:
+def check_model_dir(p: Path) -> None:
+    """A directory with a config.json (what `from_pretrained` reads first)."""
     if not p.is_dir():
         what = "is a file" if p.exists() else "no such directory"
         raise InputError(f"model.path={str(p)!r}: {what} (a local Hugging Face model directory is expected)")
-    cfg_file = p / "config.json"
-    if not cfg_file.is_file():
+    if not (p / "config.json").is_file():
         raise InputError(f"model.path={str(p)!r}: no config.json inside — is this a Hugging Face model directory?")
+
+
+def load_pretrained(p: Path, dtype) -> tuple[Any, Any]:
+    """(model, tokenizer) of a local directory; whatever stops transformers (damaged weights, a foreign
+    config, a size mismatch) and a tokenizer larger than the embedding become one InputError line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - SafetensorError, OSError, ValueError, RuntimeError, ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise InputError(f"model.path={str(p)!r}: transformers cannot load it ({first})") from err
+    check_tokenizer(tokenizer, model.get_input_embeddings().num_embeddings, None, f"model.path={str(p)!r}")
+    return model, tokenizer
+
+
+def _read_model_config(p: Path) -> dict[str, Any]:
+    check_model_dir(p)
+    cfg_file = p / "config.json"
     try:
         data = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -76,6 +96,8 @@ def check_tokenizer(tokenizer, embedding_rows: int | None, needs_template: str |
 def check_model_path(cfg: TetherConfig, needs_template: str | None) -> None:
     """config.json and the tokenizer of `model.path`, without loading the weights."""
     p = Path(cfg.model.path)
+    if p.is_dir() and (p / "adapter_config.json").is_file():  # a LoRA adapter: checked when its base is loaded
+        return
     data = _read_model_config(p)
     from transformers import AutoTokenizer
 

@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from tether.config import SamplingConfig
-from tether.errors import InputError
-from tether.preflight import check_tokenizer
 from tether.phase import marks_phase
+from tether.preflight import check_model_dir, load_pretrained
 from tether.types import Sample, StopReason
 
 
@@ -93,23 +92,11 @@ def find_stop_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
 
 def load_policy(path: str | Path, device: str = "cpu", dtype: str = "float32", autocast_bf16: bool | str = False) -> HFPolicy:
     """Load any local causal-LM directory with `from_pretrained` (offline)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     p = Path(path)
-    if not p.is_dir():
-        raise FileNotFoundError(f"model.path={str(path)!r}: no such directory (a local Hugging Face model directory is expected)")
-    if (p / "adapter_config.json").is_file():  # a LoRA checkpoint: its base with the adapter merged in
+    if p.is_dir() and (p / "adapter_config.json").is_file():  # a LoRA checkpoint: its base with the adapter merged in
         return _load_adapter_policy(p, device, dtype, autocast_bf16)
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"model.path={str(path)!r}: no config.json inside — is this a Hugging Face model directory?")
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except Exception as err:  # noqa: BLE001 - damaged weights (SafetensorError), foreign config, size mismatch, ...
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise InputError(f"model.path={str(path)!r}: transformers cannot load it ({first})") from err
-    check_tokenizer(tokenizer, model.get_input_embeddings().num_embeddings, None, f"model.path={str(path)!r}")
+    check_model_dir(p)  # InputError (one line): no such directory, no config.json
+    model, tokenizer = load_pretrained(p, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     return make_policy(model, tokenizer, device=device, autocast_bf16=autocast_bf16)
 
 

@@ -129,3 +129,25 @@ def test_lora_with_the_async_recipe_is_refused_with_the_fix():
 
     with pytest.raises(ConfigError, match="model.lora is not wired into Ray rollout workers.*tether train"):
         prepare_async_config(load_config(None, RL + ["train.steps=1"]))
+
+
+def test_stage_recipes_save_a_lora_policy_as_an_adapter_that_loads_merged(tmp_path):
+    from tether.policy.hf import make_policy
+    from tether.policy.tiny import build_tiny_model, build_tokenizer
+    from tether.recipes.common import attach_lora
+    from tether.recipes.stage_common import load_model_dir, save_model
+
+    cfg = load_config(None, RL + ["train.steps=1"])
+    tok = build_tokenizer(["abc cba", "hello olleh"], 64)
+    policy = make_policy(build_tiny_model(cfg.model.tiny, tok, tmp_path / "base", seed=0), tok)
+    attach_lora(policy, cfg, tmp_path / "base")
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)  # a non-trivial adapter
+    out = save_model(policy, tmp_path / "final_model")
+    assert (out / "adapter_config.json").is_file() and not (out / "config.json").exists()
+    loaded = load_model_dir(out, cfg, "model.path")  # the next stage's model.path
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(input_ids=ids).logits, policy.model(input_ids=ids).logits, atol=1e-5)

@@ -101,9 +101,15 @@ def evaluate_policy(cfg: TetherConfig, policy: HFPolicy) -> dict[str, float]:
 
 
 def save_model(policy: HFPolicy, out: Path) -> Path:
-    """The policy as a Hugging Face directory (weights in safetensors + tokenizer)."""
+    """The policy as a Hugging Face directory (weights in safetensors + tokenizer); a LoRA policy
+    as its adapter (peft format), which load_policy / `model.path=` read merged (docs/lora.md)."""
+    from tether.policy.lora import is_lora, save_adapter
+
     out = Path(out)
-    policy.model.save_pretrained(str(out), safe_serialization=True)
+    if is_lora(policy.model):
+        save_adapter(policy.model, out)
+    else:
+        policy.model.save_pretrained(str(out), safe_serialization=True)
     policy.tokenizer.save_pretrained(str(out))
     return out
 
@@ -111,7 +117,7 @@ def save_model(policy: HFPolicy, out: Path) -> Path:
 def load_model_dir(path: str | Path, cfg: TetherConfig, what: str) -> HFPolicy:
     """Load a model directory, or fail with one line naming the setting that pointed at it."""
     p = Path(path)
-    if not (p / "config.json").is_file():
+    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():  # a model or a LoRA adapter
         raise ConfigError(f"{what}={path}: not a model directory (no config.json); point it at a trained "
                           "model (a run's final_model/ or checkpoints/step_N/) or an earlier stage's name")
     return load_policy(p, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)

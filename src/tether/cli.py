@@ -212,7 +212,7 @@ def demo(
     try:
         summary = run_demo(rd, overrides or [])
     except ConfigError as err:
-        fail(str(err))
+        fail_on(err)
     except _known_errors() as err:
         _fail_run(rd, existed, err)
     _print_summary(summary)

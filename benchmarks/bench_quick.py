@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                       "trl_s_per_step": round(small["trl_fp32"]["s_per_step"], 3),
                       "tether_precision": small["arm_precision"]["tether"], "trl_precision": "fp32",
                       "cpu": m["cpu"], "cpu_flags": m["cpu_flags"], "date": m["date"], "runs": a.runs,
-                      "load_avg": [m["load_avg_start"][0], m["load_avg_end"][0]], "command": "make bench-quick BENCH_QUICK_ARGS=--update"}
+                      "load_avg": [m["load_avg_start"][0], m["load_avg_end"][0]], "command": " ".join(["python"] + sys.argv)}
         path.write_text(json.dumps(table, indent=2) + "\n")
         print(f"[bench-quick] baseline for {cls} set to {ratio:.3f} in {path}")
         return 0

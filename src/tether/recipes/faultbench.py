@@ -193,10 +193,11 @@ def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int
 
     order = {key: i for i, key in enumerate(dict.fromkeys((c.fault, c.severity) for c in cases))}
 
-    def rank(c: Case) -> tuple:  # seed-major, modes and variants together: a run cut short covers every fault
+    def rank(c: Case) -> tuple:  # seed-major: healthy advise, faults (modes together), healthy auto, variants
         pool = seeds if c.fault else healthy_seeds
         k = pool.index(c.seed) * max(len(seeds), 1) // max(len(pool), 1) if c.seed in pool else 0
-        return (k, order[(c.fault, c.severity)], c.mode != "advise", c.variant)
+        later = c.fault is None and c.mode != "advise" or bool(c.variant)
+        return (k, later, order[(c.fault, c.severity)], c.mode != "advise", c.variant)
 
     return sorted(cases, key=rank)
 

@@ -128,9 +128,10 @@ def _run_failures() -> tuple[type[Exception], ...]:
     from tether.envs.runner import EnvFailure
     from tether.policy.chat import TokenizationDrift
     from tether.rewards import RewardFailure
+    from tether.io.checkpoint import CheckpointError
     from tether.update import TrainingHalted
 
-    return (RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift)
+    return (RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift, CheckpointError)
 
 
 def _known_errors() -> tuple[type[Exception], ...]:
@@ -142,14 +143,15 @@ def _known_errors() -> tuple[type[Exception], ...]:
 
 def _fail_run(rd: Path, existed: bool, err: Exception) -> None:
     """Fail with `err`; a run directory this command created that holds nothing but its config goes."""
-    files = [f for f in rd.rglob("*") if f.is_file() and f.name != "config.yaml"] if rd.is_dir() else [None]
+    files = [f for f in rd.rglob("*") if f.is_file() and f.name not in ("config.yaml", "run.json")] if rd.is_dir() else [None]
     if not existed and not files:
         shutil.rmtree(rd, ignore_errors=True)
         typer.echo(f"(removed the empty run directory {rd})", err=True)
     fail_on(err)
 
 
-def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool) -> None:
+def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool,
+                overwrite: bool = False) -> None:
     """Shared body of `train` and `sft`: validate, pick the run dir, run, summarise."""
     _offline_env()
     cfg = _load(config, overrides)
@@ -165,11 +167,11 @@ def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional
         if kind == "sft":
             from tether.recipes.sft import run_sft
 
-            _, summary = run_sft(cfg, rd, resume=resume)
+            _, summary = run_sft(cfg, rd, resume=resume, overwrite=overwrite)
         else:
             from tether.recipes.rl import run_rl
 
-            summary = run_rl(cfg, rd, resume=resume)
+            summary = run_rl(cfg, rd, resume=resume, overwrite=overwrite)
     except _known_errors() as err:
         _fail_run(rd, existed, err)
     _print_summary(summary)
@@ -179,27 +181,31 @@ def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional
 CONFIG_ARG = typer.Argument(..., help="YAML config (see configs/)")
 OVERRIDES_ARG = typer.Argument(None, help="key.path=value overrides")
 RUN_DIR_OPT = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>")
-RESUME_OPT = typer.Option(False, "--resume", help="continue from the run directory's latest checkpoint")
+RESUME_OPT = typer.Option(False, "--resume", help="continue from the run directory's latest good checkpoint "
+                          "(none: start from step 0); the config may change only steps, lr, eval, logging, ... (docs/resume.md)")
+OVERWRITE_OPT = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir; without it "
+                             "(or --resume) an existing run is refused")
 
 
 @app.command()
 def train(config: Path = CONFIG_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
-          run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT) -> None:
+          run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT, overwrite: bool = OVERWRITE_OPT) -> None:
     """Run RL (GRPO by default) from a config."""
-    _run_recipe("rl", config, overrides or [], run_dir, resume)
+    _run_recipe("rl", config, overrides or [], run_dir, resume, overwrite)
 
 
 @app.command()
 def sft(config: Path = CONFIG_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
-        run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT) -> None:
+        run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT, overwrite: bool = OVERWRITE_OPT) -> None:
     """Supervised fine-tuning on demonstrations (cold start); writes final_model/."""
-    _run_recipe("sft", config, overrides or [], run_dir, resume)
+    _run_recipe("sft", config, overrides or [], run_dir, resume, overwrite)
 
 
 @app.command()
 def demo(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/demo-<timestamp>"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides of configs/demo.yaml"),
+    overwrite: bool = OVERWRITE_OPT,
 ) -> None:
     """The embedded default: tiny model built locally -> SFT -> GRPO -> held-out eval -> plots."""
     _offline_env()
@@ -210,7 +216,7 @@ def demo(
     typer.echo(f"run directory: {rd}")
     existed = rd.exists()
     try:
-        summary = run_demo(rd, overrides or [])
+        summary = run_demo(rd, overrides or [], overwrite=overwrite)
     except ConfigError as err:
         fail_on(err)
     except _known_errors() as err:

@@ -24,7 +24,7 @@ class ConfigError(UserError, ValueError):
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # inf/nan refused everywhere
 
 
 # ----------------------------------------------------------------------------- model / data

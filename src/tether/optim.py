@@ -30,3 +30,11 @@ def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_s
         return 1.0 - progress  # linear
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def compute_all_finite(tensors) -> bool:
+    """True when every tensor is finite: one fused 2-norm per tensor (`torch._foreach_norm`), no copies.
+
+    A tensor whose 2-norm overflows (fp32 entries ~1e19) counts as non-finite: such weights are broken too."""
+    tensors = [t.detach() for t in tensors]
+    return not tensors or bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors)).float()).all())

@@ -4,7 +4,8 @@ Shared by every RL recipe. The loss of a micro-batch is composed here from the r
 pieces (policy loss, KL, entropy, value loss) and normalised by `agg_loss` with the GLOBAL
 denominators of its mini-batch, so gradient accumulation never changes the gradient.
 
-Numerics (pitfall 5): a non-finite loss or gradient skips the optimizer step and is counted;
+Numerics (pitfall 5): a non-finite loss or gradient skips the optimizer step, an update that leaves a
+non-finite weight is undone; both are counted;
 `max_bad_steps` in a row raise `TrainingHalted`.
 """
 
@@ -32,6 +33,7 @@ from tether.algos import (
 )
 from tether.batching import split_by_token_budget
 from tether.config import AlgoConfig, TrainConfig
+from tether.optim import compute_all_finite
 from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.lora import adapters_disabled
@@ -248,24 +250,55 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
     return out
 
 
-def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState) -> float:
-    """Clip, check finiteness, step. A non-finite gradient skips the step and is counted."""
-    max_norm = train.grad_clip if train.grad_clip is not None else float("inf")
-    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+def do_checked_step(optimizer, params) -> bool:
+    """`optimizer.step()`, undone when it leaves a non-finite parameter (pitfall 5: a finite gradient
+    times a huge LR, an overflowing low-precision update). Keeps one copy of the parameters and their
+    optimizer state for the undo. Returns False when the step was undone."""
+    with torch.no_grad():
+        weights = [p.detach().clone() for p in params]
+        state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
+                 for p in params if p in optimizer.state}
+        optimizer.step()
+        if compute_all_finite(params):
+            return True
+        torch._foreach_copy_([p.data for p in params], weights)
+        for p in params:
+            if p in state:
+                optimizer.state[p] = state[p]
+            else:
+                optimizer.state.pop(p, None)
+    return False
+
+
+def _count_bad_step(optimizer, state: UpdateState, max_bad_steps: int, what: str) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    state.nonfinite_steps += 1
+    state.bad_steps_in_a_row += 1
+    if state.bad_steps_in_a_row >= max_bad_steps:
+        raise TrainingHalted(
+            f"{state.bad_steps_in_a_row} optimizer steps in a row had {what} "
+            f"(train.max_bad_steps={max_bad_steps}); likely causes: learning rate too high, "
+            "extreme log-ratios (check algo.policy_loss.log_ratio_clamp), or a NaN reward"
+        )
+    return float("nan")
+
+
+def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState) -> float:
+    """Clip, check finiteness, step, check the weights; returns the gradient norm (NaN: skipped).
+
+    A non-finite gradient skips the step, a step that makes a weight non-finite is undone; both are
+    counted (`state.nonfinite_steps`) and `max_bad_steps` in a row raise `TrainingHalted`."""
+    total = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
     total_f = float(total)
     if not torch.isfinite(total):
-        optimizer.zero_grad(set_to_none=True)
-        state.nonfinite_steps += 1
-        state.bad_steps_in_a_row += 1
-        if state.bad_steps_in_a_row >= train.max_bad_steps:
-            raise TrainingHalted(
-                f"{state.bad_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
-                f"(train.max_bad_steps={train.max_bad_steps}); likely causes: learning rate too high, "
-                "extreme log-ratios (check algo.policy_loss.log_ratio_clamp), or a NaN reward"
-            )
-        return float("nan")
+        return _count_bad_step(optimizer, state, max_bad_steps, "a non-finite loss or gradient")
+    if not do_checked_step(optimizer, params):
+        return _count_bad_step(optimizer, state, max_bad_steps, "an update that made the weights non-finite (undone)")
     state.bad_steps_in_a_row = 0
-    optimizer.step()
     if scheduler is not None:
         scheduler.step()
     return total_f
+
+
+def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState) -> float:
+    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state)

@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides"),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>"),
         resume: bool = typer.Option(False, "--resume", help="skip finished stages, resume the interrupted one"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir"),
     ) -> None:
         """The config's pipeline.stages (sft, rl, rs_sft, dpo, distill, merge, eval), each stage's model
         handed to the next; without stages: SFT on the task's demonstrations, then RL. summary.json
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()
         try:
-            summary = run_pipeline(cfg, rd, resume=resume)
+            summary = run_pipeline(cfg, rd, resume=resume, overwrite=overwrite)
         except _known_errors() as err:
             _fail_run(rd, existed, err)
         _print_summary(summary)
@@ -55,6 +56,7 @@ def register(app: typer.Typer) -> None:
         builders: str = typer.Option("sliding_window,append,summary", help="context builders to compare"),
         seeds: Optional[str] = typer.Option(None, help="comma-separated run seeds (default: the config's)"),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>-context-<timestamp>"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir"),
     ) -> None:
         """Agent-R1's comparison: the same pipeline per context builder; prints the ordering found."""
         from tether.cli import _fail_run, _known_errors, _load, _offline_env
@@ -75,6 +77,6 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()
         try:
-            run_context_comparison(cfg, rd, names, seed_list)
+            run_context_comparison(cfg, rd, names, seed_list, overwrite=overwrite)
         except _known_errors() as err:
             _fail_run(rd, existed, err)

@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("train-async")
     def train_async(config: Path = cli.CONFIG_ARG, overrides: Optional[List[str]] = cli.OVERRIDES_ARG,
-                    run_dir: Optional[Path] = cli.RUN_DIR_OPT, resume: bool = cli.RESUME_OPT) -> None:
+                    run_dir: Optional[Path] = cli.RUN_DIR_OPT, resume: bool = cli.RESUME_OPT,
+                    overwrite: bool = cli.OVERWRITE_OPT) -> None:
         """Asynchronous RL on Ray: rollout workers generate while the trainer updates (docs/distributed.md)."""
         cli._offline_env()
         cfg = cli._load(config, overrides or [])
@@ -23,12 +24,13 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run directory: {rd}")
         from tether.dist.cluster import PreflightError
         from tether.dist.controller import SyncError
+        from tether.errors import UserError
         from tether.recipes.rl_async import run_rl_async
 
         try:
-            summary = run_rl_async(cfg, rd, resume=resume)
+            summary = run_rl_async(cfg, rd, resume=resume, overwrite=overwrite)
         except cli._known_errors() + (PreflightError, SyncError) as err:
-            cli.fail(str(err), 1)
+            cli.fail(str(err), 2 if isinstance(err, UserError) else 1)  # e.g. a refused run directory: 2
         cli._print_summary(summary)
         typer.echo(f"run directory: {rd}")
 

@@ -29,6 +29,7 @@ from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import ACTIONS, Snapshot, do_rollback, take_snapshot
 from tether.health.telemetry import History, compute_trajectory_stats, compute_weights_fingerprint, finite
+from tether.io.state import decode_state, encode_state
 
 log = logging.getLogger("tether.health")
 # findings that mean the weights themselves are damaged: a repair then starts from a rollback
@@ -78,6 +79,9 @@ class NullMonitor:
 
     def close(self) -> None:
         pass
+
+    def state_dict(self) -> None:
+        return None
 
 
 class HealthMonitor:
@@ -389,13 +393,46 @@ class HealthMonitor:
         if self.watchdog is not None:
             self.watchdog.stop()
 
+    # ------------------------------------------------------------------ checkpoint state
 
-def build_health(cfg: Any, rd: Any = None, st: Any = None) -> HealthMonitor | NullMonitor:
-    """The run's monitor (`NullMonitor` for `health.mode=off`); a resumed run re-reads its history."""
+    _NOT_STATE = frozenset({"mode", "hc", "rd", "watchdog", "detectors"})
+    _DETECTOR_PARAMS = frozenset({"p", "persist_n", "window_n", "critical_n"})  # follow the (resumed) config
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What the monitor learned so far (history, excluded steps, detector streaks, findings,
+        diagnosis, snapshots, repair trial, previous tasks) as plain data (tether.io.state), saved in
+        checkpoints so that a resumed run continues it exactly. A detector's attributes are its
+        state, except its parameters. None (logged) if some state cannot be stored."""
+        try:
+            return encode_state({
+                "monitor": {k: v for k, v in vars(self).items() if k not in self._NOT_STATE},
+                "detectors": {n: {k: v for k, v in vars(d).items() if k not in self._DETECTOR_PARAMS}
+                              for n, d in self.detectors.items()},
+            })
+        except (TypeError, ValueError) as err:
+            log.error("health monitor state not checkpointed (a resume restarts it): %s", err)
+            return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_dict`; detectors disabled before the checkpoint stay disabled."""
+        s = decode_state(state)
+        vars(self).update(s["monitor"])
+        for name, det in list(self.detectors.items()):
+            if name in self.disabled:
+                del self.detectors[name]
+            elif name in s["detectors"]:
+                vars(det).update(s["detectors"][name])
+
+
+def build_health(cfg: Any, rd: Any = None, st: Any = None, state: dict[str, Any] | None = None) -> HealthMonitor | NullMonitor:
+    """The run's monitor (`NullMonitor` for `health.mode=off`). A resumed run restores `state`
+    (`HealthMonitor.state_dict` from its checkpoint); without one it re-reads its history."""
     if cfg.health.mode == "off":
         return NullMonitor()
     mon = HealthMonitor(cfg, rd)
-    if rd is not None and st is not None and st.step > 0:
+    if state is not None:
+        mon.load_state_dict(state)
+    elif rd is not None and st is not None and st.step > 0:
         by_step: dict[int, dict] = {}
         for row in rd.read_metrics():
             if isinstance(row.get("step"), int) and 0 < row["step"] <= st.step:

@@ -6,6 +6,7 @@ One checkpoint is one directory ``<run>/checkpoints/step_000010/``::
     tokenizer.json, tokenizer_config.json, ...                tokenizer.save_pretrained
     optimizer.pt, scheduler.pt                                state_dicts (torch.save)
     trainer_state.pt                                          step, RNG states, extra_state
+    manifest.json                                             size + sha256 of every file, written last
 
 The directory loads with ``AutoModelForCausalLM.from_pretrained(dir)`` as it is: no merger
 script (verl#1438, #2252, #1246). Resume restores optimizer and scheduler state (prime-rl
@@ -19,10 +20,19 @@ A crash leaves at most a ``.tmp-*`` directory, which `find_latest_checkpoint` ig
 next save removes. Assumes a single writer (rank 0) and a plain, unwrapped model. A LoRA model
 (tether.policy.lora) is saved as its adapter in peft format (``adapter_model.safetensors`` +
 ``adapter_config.json`` naming the base directory); `tether export` merges it into a plain model.
+
+Verification: `verify_checkpoint` checks every file against the manifest (a disk that lost or
+truncated a file after the rename, a half-copied directory); `find_latest_checkpoint` skips a
+checkpoint that fails, naming the file, and falls back to the previous one; with
+`move_aside=True` (resume) the damaged directory is renamed ``step_000010.corrupt`` — kept for
+inspection, never deleted, and out of the way of the next save. A model with a non-finite weight
+is never saved (`CheckpointError`): a NaN model must not look like a result.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
@@ -36,7 +46,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from tether.io.killpoints import do_kill_point
 from tether.io.run_dir import RunDir, do_fsync_dir, write_text_atomic
+from tether.optim import compute_all_finite
 from tether.phase import marks_phase
 
 CKPT_RE = re.compile(r"^step_(\d+)$")
@@ -44,8 +56,13 @@ LATEST = "latest"
 TRAINER_STATE = "trainer_state.pt"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
+MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a LoRA run's checkpoint: peft format, base named in adapter_config.json
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or none can be read; the message names the file and the fix."""
 
 
 def _checkpoints_root(run_dir: RunDir | str | os.PathLike[str]) -> Path:
@@ -68,8 +85,9 @@ def checkpoint_step(path: str | os.PathLike[str]) -> int:
 
 def _is_complete(path: Path) -> bool:
     # A non-.tmp step directory only exists after os.replace, i.e. complete; the file check
-    # guards against hand-made or half-copied directories.
-    return path.is_dir() and CKPT_RE.match(path.name) is not None and (path / TRAINER_STATE).is_file()
+    # guards against hand-made directories (`verify_checkpoint` then checks every file).
+    return path.is_dir() and CKPT_RE.match(path.name) is not None and (
+        (path / MANIFEST).is_file() or (path / TRAINER_STATE).is_file())
 
 
 def _list_checkpoints(root: Path) -> list[Path]:
@@ -140,10 +158,12 @@ def _write_into(tmp: Path, step: int, model: Any, tokenizer: Any, optimizer: Any
         model.save_pretrained(tmp, safe_serialization=True)
     if not any(tmp.glob("model*.safetensors")) and not (tmp / ADAPTER_WEIGHTS).is_file():
         raise RuntimeError(f"save_pretrained wrote no model*.safetensors into {tmp}")
+    do_kill_point("ckpt/model")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+        do_kill_point("ckpt/optimizer")
     if scheduler is not None:
         torch.save(scheduler.state_dict(), tmp / SCHEDULER)
     state = {
@@ -152,7 +172,59 @@ def _write_into(tmp: Path, step: int, model: Any, tokenizer: Any, optimizer: Any
         "rng": compute_rng_state(),
         "extra_state": extra_state,
     }
-    torch.save(state, tmp / TRAINER_STATE)  # written last: its presence marks completeness
+    torch.save(state, tmp / TRAINER_STATE)
+    do_kill_point("ckpt/state")
+    _write_manifest(tmp, step)  # written last: a checkpoint with a manifest was complete once
+    do_kill_point("ckpt/manifest")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _write_manifest(path: Path, step: int) -> None:
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.name != MANIFEST)
+    entries = {str(f.relative_to(path)): {"size": f.stat().st_size, "sha256": _sha256(f)} for f in files}
+    doc = {"format_version": FORMAT_VERSION, "step": step, "files": entries}
+    (path / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> str | None:
+    """None when every file of the checkpoint matches its manifest, else what is wrong (naming the file).
+
+    A checkpoint written before manifests existed (no manifest.json) passes when its trainer
+    state is present; its files are then only checked by loading them."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return None if (path / TRAINER_STATE).is_file() else f"{path / TRAINER_STATE}: missing"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{manifest}: unreadable manifest ({err})"
+    for rel, want in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{f}: missing"
+        size = f.stat().st_size
+        if size != want["size"]:
+            return f"{f}: {size} bytes, the manifest says {want['size']} (truncated or overwritten)"
+        if _sha256(f) != want["sha256"]:
+            return f"{f}: sha256 differs from the manifest (corrupted)"
+    return None
+
+
+def do_move_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to `<name>.corrupt` (`.corrupt-1`, ... if taken); never deletes."""
+    target = path.with_name(path.name + ".corrupt")
+    k = 0
+    while target.exists():
+        k += 1
+        target = path.with_name(f"{path.name}.corrupt-{k}")
+    os.replace(path, target)
+    do_fsync_dir(path.parent)
+    return target
 
 
 def do_prune_checkpoints(root: Path, keep: int, protect: Path) -> list[Path]:
@@ -184,6 +256,10 @@ def save_checkpoint(run_dir: RunDir | str | os.PathLike[str], step: int, model: 
     """
     if keep < 1:
         raise ValueError(f"save_checkpoint: keep must be >= 1, got {keep}")
+    if not compute_all_finite(list(model.parameters())):
+        bad = [n for n, t in model.named_parameters() if not bool(torch.isfinite(t.detach()).all())]
+        raise CheckpointError(f"refusing to save step {step}: the model has non-finite weights ({', '.join(bad[:3])}"
+                              f"{', ...' if len(bad) > 3 else ''}); the previous checkpoints are kept")
     root = _checkpoints_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
@@ -201,29 +277,50 @@ def save_checkpoint(run_dir: RunDir | str | os.PathLike[str], step: int, model: 
         os.replace(final, old)
     os.replace(tmp, final)
     do_fsync_dir(root)
+    do_kill_point("ckpt/renamed")
     write_text_atomic(root / LATEST, name + "\n")
     do_prune_checkpoints(root, keep, protect=final)
     _remove_stale_tmp(root)
+    do_kill_point("ckpt/done")
     return final
 
 
 # ----------------------------------------------------------------------------- find / load
 
 
-def find_latest_checkpoint(run_dir: RunDir | str | os.PathLike[str]) -> Path | None:
+def find_latest_checkpoint(run_dir: RunDir | str | os.PathLike[str], *, verify: bool = True,
+                           move_aside: bool = False, log=None) -> Path | None:
     """The checkpoint to resume from, or None. Ignores `.tmp-*` leftovers of a crashed save.
 
-    Trusts the `latest` pointer when it names a complete checkpoint (it is only moved after a
-    checkpoint is fully in place); otherwise falls back to the highest complete step.
+    Candidates: the `latest` pointer's target (it is only moved after a checkpoint is fully in
+    place), then every complete step, newest first. With `verify`, a candidate that fails
+    `verify_checkpoint` is skipped with a warning naming the file (and, with `move_aside`, renamed
+    `*.corrupt`); the previous one is used. `log(message)` receives those messages (default:
+    `warnings.warn`).
     """
     root = _checkpoints_root(run_dir)
     pointer = root / LATEST
+    candidates = list(reversed(_list_checkpoints(root)))
     if pointer.is_file():
         target = root / pointer.read_text().strip()
         if _is_complete(target):
-            return target
-    found = _list_checkpoints(root)
-    return found[-1] if found else None
+            candidates = [target] + [c for c in candidates if c != target]
+    for path in candidates:
+        problem = verify_checkpoint(path) if verify else None
+        if problem is None:
+            return path
+        do_report_damaged(path, problem, move_aside, log)
+    return None
+
+
+def do_report_damaged(path: Path, problem: str, move_aside: bool, log=None) -> None:
+    """Warn about a damaged checkpoint (and rename it `*.corrupt` when `move_aside`)."""
+    where = f"; moved aside to {do_move_aside(path).name}" if move_aside else ""
+    message = f"checkpoint {path.name} skipped: {problem}{where}"
+    if log is None:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    else:
+        log(message)
 
 
 def _aliases(model: torch.nn.Module) -> dict[str, set[str]]:

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 import yaml
 
 from tether.config import dump_config
+from tether.io.killpoints import do_kill_point
 
 METRICS_FILE = "metrics.jsonl"
 NONFINITE_KEY = "nonfinite"
@@ -230,6 +231,8 @@ def do_append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as fh:
         _drop_torn_tail(fh, path)
+        if path.name == METRICS_FILE:
+            do_kill_point("metrics/torn", lambda: (fh.write(line.encode()[: len(line) // 2]), fh.flush(), os.fsync(fh.fileno())))
         fh.write(line.encode())
         fh.flush()
         os.fsync(fh.fileno())

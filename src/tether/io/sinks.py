@@ -80,10 +80,11 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self, log_dir: Any) -> None:
+    def __init__(self, log_dir: Any, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # lazy: pulls in tensorboard
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        # purge_step (resume): TensorBoard hides the earlier files' events from that step on
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         for key, value in compute_scalars(metrics).items():
@@ -187,12 +188,13 @@ class MultiSink:
         self.sinks = []
 
 
-def build_sinks(run_dir: RunDir, logging_cfg: Any, config: Any = None) -> list[MetricSink]:
+def build_sinks(run_dir: RunDir, logging_cfg: Any, config: Any = None, start_step: int | None = None) -> list[MetricSink]:
     """The sinks that `logging_cfg` (a `LoggingConfig`) asks for; JSONL is always first.
 
     `config` (optional, the full TetherConfig or a dict) is attached to W&B/MLflow runs.
     Raises MissingExtraError when wandb/mlflow is requested but not installed: failing at
-    startup beats discovering after a day that nothing was logged.
+    startup beats discovering after a day that nothing was logged. `start_step` (a resumed run):
+    the checkpoint's step; TensorBoard drops what an interrupted attempt logged after it.
     """
     cfg_dict: dict[str, Any] = {}
     if config is not None:
@@ -201,7 +203,7 @@ def build_sinks(run_dir: RunDir, logging_cfg: Any, config: Any = None) -> list[M
     sinks: list[MetricSink] = [JsonlSink(run_dir)]
     try:
         if logging_cfg.tensorboard:
-            sinks.append(TensorBoardSink(run_dir.tb_dir))
+            sinks.append(TensorBoardSink(run_dir.tb_dir, None if start_step is None else start_step + 1))
         if logging_cfg.wandb:
             sinks.append(WandbSink(logging_cfg.project, run_name, cfg_dict, str(run_dir.root)))
         if logging_cfg.mlflow:

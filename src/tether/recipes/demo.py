@@ -21,21 +21,21 @@ from typing import Any
 
 from tether.config import load_config
 from tether.io.plots import plot_metrics
-from tether.io.run_dir import make_run_dir, read_metrics
+from tether.io.resume import do_open_run
+from tether.io.run_dir import read_metrics
 
 
 def demo_config_path() -> Path:
     return Path(str(resources.files("tether.configs").joinpath("demo.yaml")))
 
 
-def run_demo(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+def run_demo(run_dir: str | Path, overrides: list[str] | None = None, overwrite: bool = False) -> dict[str, Any]:
     from tether.recipes.rl import run_rl
     from tether.recipes.sft import run_sft
 
     t0, c0 = time.perf_counter(), time.process_time()
     cfg = load_config(demo_config_path(), overrides or [])
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
+    rd = do_open_run(run_dir, cfg, "demo", overwrite=overwrite).run_dir  # an existing run is never clobbered
     print(f"[tether demo] task={cfg.data.task} tiny Llama hidden={cfg.model.tiny.hidden_size} layers={cfg.model.tiny.num_layers}; "
           f"SFT {cfg.sft.steps} steps, then {cfg.algo.advantage.name.upper()} {cfg.train.steps} steps "
           f"({cfg.rollout.problems_per_step} problems x {cfg.rollout.n} rollouts)", flush=True)

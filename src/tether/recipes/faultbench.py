@@ -80,7 +80,7 @@ def prepare_base(cache: Path, extra: list[str] | None = None) -> Path:
     model = out / "final_model"
     if not (model / "config.json").is_file():
         cfg = load_config(None, BASE + (extra or []) + ["health.mode=off"])
-        run_sft(cfg, out)
+        run_sft(cfg, out, overwrite=True)  # a base model left half-built by an interrupted bench
     return model
 
 
@@ -134,7 +134,7 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
         train, held = setup_problems(cfg)
         policy = load_policy(model)
         try:
-            summary = run_rl(cfg, rd, policy=policy)
+            summary = run_rl(cfg, rd, policy=policy, overwrite=True)  # a case an interrupted bench left unfinished
             rec["health"] = summary.get("health", {})
             rec["interrupted"] = summary.get("interrupted")
         except Exception as err:  # TrainingHalted, RewardFailure: the run died; score what is left

@@ -28,16 +28,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tether.config import TetherConfig, build_config
-from tether.io.run_dir import make_run_dir
+from tether.io.resume import do_open_run
 
 BUILDERS = ("sliding_window", "append", "summary")
 
 
-def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print, resume: bool = False) -> dict[str, Any]:
+def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print, resume: bool = False,
+                 overwrite: bool = False) -> dict[str, Any]:
     """The config's `pipeline.stages` (recipes/multistage.py); without stages, the two-stage
-    pipeline `[{kind: sft, name: sft}, {kind: rl, name: rl}]`. Returns the summary it writes."""
+    pipeline `[{kind: sft, name: sft}, {kind: rl, name: rl}]`. Returns the summary it writes.
+    Without `resume`, an existing run directory needs `overwrite` (tether.io.resume)."""
     from tether.recipes.multistage import run_stages
 
+    if not resume:
+        do_open_run(run_dir, cfg, "pipeline", overwrite=overwrite)  # an existing run is never clobbered
     summary = run_stages(cfg, run_dir, resume=resume, log=log)
     b, f = summary["baseline_accuracy"], summary["final_accuracy"]
     if b is not None and f is not None and len(summary["stages"]) > 1:
@@ -64,11 +68,10 @@ def format_ordering(ordering: Sequence[tuple[str, float]]) -> str:
 
 
 def run_context_comparison(cfg: TetherConfig, run_dir: str | Path, builders: Sequence[str] = BUILDERS,
-                           seeds: Sequence[int] | None = None, log=print) -> dict[str, Any]:
+                           seeds: Sequence[int] | None = None, log=print, overwrite: bool = False) -> dict[str, Any]:
     """The pipeline once per builder (and seed) from the same config; writes comparison.json."""
     t0 = time.perf_counter()
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
+    rd = do_open_run(run_dir, cfg, "compare_context", overwrite=overwrite).run_dir
     seeds = list(seeds) if seeds else [cfg.run.seed]
     results: dict[str, list[dict[str, Any]]] = {b: [] for b in builders}
     for seed in seeds:

@@ -34,9 +34,11 @@ from tether.envs.credit import compute_step_fields
 from tether.eval.runner import run_eval
 from tether.groups import apply_reward_shaping, compute_compact_weights
 from tether.health import build_faults, build_health, compute_advantage_alignment
-from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from tether.io.checkpoint import load_checkpoint, save_checkpoint
+from tether.io.killpoints import do_kill_point
 from tether.io.plots import plot_metrics
-from tether.io.run_dir import RunDir, make_run_dir
+from tether.io.resume import do_apply_lr, do_open_run
+from tether.io.run_dir import RunDir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.phase import marks_phase, phase
@@ -89,6 +91,7 @@ class RLState:
             "policy_version": self.policy.version,
             "ref": None if self.ref is None or self.ref.base_only else {k: v.clone() for k, v in self.ref.model.state_dict().items()},
             "critic": None if self.critic is None else self.critic.state_dict(),
+            "health": self.health.state_dict() if hasattr(self, "health") else None,
         }
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
@@ -203,14 +206,14 @@ def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -
 
 @marks_phase("loop")
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
-           collect=collect_groups, build=make_train_batch, kind: str = "rl") -> dict[str, Any]:
-    """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json."""
+           collect=collect_groups, build=make_train_batch, kind: str = "rl", overwrite: bool = False) -> dict[str, Any]:
+    """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json.
+    An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
     t_start = time.perf_counter()
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
+    start = do_open_run(run_dir, cfg, kind, resume, overwrite)
+    rd, ckpt = start.run_dir, start.checkpoint
     seed_run(cfg.run)
     train, held_out = setup_problems(cfg)
-    ckpt = find_latest_checkpoint(rd) if resume else None
     if policy is None and ckpt is not None and (not cfg.model.path or is_adapter_dir(ckpt)):
         policy = load_resume_policy(cfg, ckpt)  # a full HF model + tokenizer, or (LoRA) base + adapter slots
     elif policy is not None and cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
@@ -224,11 +227,13 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     policy.model.train()
     st = RLState(cfg, policy, train)
     set_live_policy(policy.model, policy.tokenizer)  # for rewards that ask the policy itself (judge model=policy)
+    extra: dict[str, Any] = {}
     if ckpt is not None:
-        st.load_extra_state(load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
-        rd.truncate_metrics_after(st.step)
-    sinks = MultiSink(build_sinks(rd, cfg.logging, cfg))
-    st.health = build_health(cfg, rd, st)  # detect, diagnose, repair (tether.health); health.mode=off: no-op
+        st.load_extra_state(extra := load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
+        if "train.lr" in start.changes:
+            do_apply_lr(st.optimizer, st.scheduler, cfg.train.lr)
+    sinks = MultiSink(build_sinks(rd, cfg.logging, cfg, start_step=st.step if ckpt is not None else None))
+    st.health = build_health(cfg, rd, st, extra.get("health"))  # detect, diagnose, repair (tether.health); off: no-op
     if ckpt is None:
         first_eval = _evaluate(st, cfg, rd, held_out, st.step)
         sinks.log(0, first_eval)
@@ -243,14 +248,18 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             st.step += 1
             if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
+                do_kill_point("eval/done")
                 metrics.update(last_eval)
             with phase("health"):
                 halted = st.health.observe(st, cfg, metrics, groups)  # adds health/* metrics
             if halted:  # auto mode stopped the run
                 stop.requested = True
+            do_kill_point("step/computed")  # kill -9 test hooks (tether.io.killpoints)
             sinks.log(st.step, metrics)
+            do_kill_point("step/logged")
             if cfg.logging.samples_per_step:
                 rd.write_samples(st.step, _sample_rows(groups, cfg.logging.samples_per_step))
+            do_kill_point("step/samples")
             bar(st.step, reward=metrics["reward/mean"], acc=metrics.get("accuracy", float("nan")), s=metrics["time/step"])
             if (cfg.checkpoint.every and st.step % cfg.checkpoint.every == 0) or stop:
                 save_checkpoint(rd, st.step, policy.model, policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)

@@ -62,14 +62,14 @@ def prepare_async_config(cfg: TetherConfig) -> TetherConfig:
     return cfg
 
 
-def run_rl_async(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+def run_rl_async(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps with Ray rollout workers; returns the summary."""
     t0 = time.perf_counter()
     cfg = prepare_async_config(cfg)
     rollouts = AsyncRollouts(cfg)
     with start_cluster(cfg.dist):  # connect or start Ray, preflight (fails fast, never hangs)
         try:
-            summary = run_rl(cfg, run_dir, resume=resume, collect=rollouts.collect_groups)
+            summary = run_rl(cfg, run_dir, resume=resume, collect=rollouts.collect_groups, overwrite=overwrite)
         finally:
             dist_summary = rollouts.close()
     summary.update(dist_summary)

@@ -22,10 +22,10 @@ from tether.algos import agg_loss, compute_agg_norm
 from tether.batching import SeqRecord, pad_records, split_by_token_budget
 from tether.config import TetherConfig
 from tether.data import ProblemStream
-from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
-from tether.io.run_dir import make_run_dir
+from tether.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tether.io.resume import do_apply_lr, do_open_run
 from tether.io.sinks import MultiSink, build_sinks
-from tether.optim import build_optimizer, build_scheduler
+from tether.optim import build_optimizer, build_scheduler, compute_all_finite
 from tether.policy.hf import HFPolicy
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.policy.lora import is_lora, save_adapter
@@ -33,15 +33,17 @@ from tether.recipes.common import (
     attach_lora, graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
 )
 from tether.rollout import make_rollout
+from tether.update import UpdateState, do_guarded_step
 
 
 def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False,
-            records: list[SeqRecord] | None = None) -> tuple[HFPolicy, dict[str, Any]]:
+            records: list[SeqRecord] | None = None, overwrite: bool = False) -> tuple[HFPolicy, dict[str, Any]]:
     """Train on demonstrations for `cfg.sft.steps` steps; returns the policy and a summary.
-    `records`: train on these sequences instead (recipes/rs_sft.py's accepted samples)."""
+    `records`: train on these sequences instead (recipes/rs_sft.py's accepted samples).
+    An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
     t_start = time.perf_counter()
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
+    begin = do_open_run(run_dir, cfg, "sft", resume, overwrite)
+    rd, ckpt = begin.run_dir, begin.checkpoint
     seed_run(cfg.run)
     train, _ = setup_problems(cfg)
     if policy is None:
@@ -56,30 +58,35 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     model.train()
     optimizer = build_optimizer(model.parameters(), cfg.sft.lr, cfg.sft.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.sft.steps, cfg.sft.warmup_steps, "cosine")
-    start = 0
-    if resume and (ckpt := find_latest_checkpoint(rd)) is not None:
+    start, update = 0, UpdateState()
+    if ckpt is not None:
         extra = load_checkpoint(ckpt, model, optimizer, scheduler)
         stream.load_state_dict(extra["data"])
         start = int(extra["step"])
-        rd.truncate_metrics_after(start)
-    sinks = MultiSink(build_sinks(rd, cfg.logging, cfg))
+        update = UpdateState(**extra.get("update", {}))
+        if "sft.lr" in begin.changes:
+            do_apply_lr(optimizer, scheduler, cfg.sft.lr)
+    sinks = MultiSink(build_sinks(rd, cfg.logging, cfg, start_step=start if ckpt is not None else None))
     losses: list[float] = []
     step = start
     with graceful_interrupt() as stop, progress_bar(cfg.sft.steps, "SFT", cfg.logging.progress, start) as bar:
         for step in range(start + 1, cfg.sft.steps + 1):
             t0 = time.perf_counter()
             batch = [records[r["i"]] for r in stream.next_batch(cfg.sft.batch_size)]
-            loss = _sft_step(policy, optimizer, scheduler, batch, cfg)
+            loss = _sft_step(policy, optimizer, scheduler, batch, cfg, update)
             losses.append(loss)
-            metrics = {"sft/loss": loss, "lr": optimizer.param_groups[0]["lr"], "time/step": time.perf_counter() - t0}
+            metrics = {"sft/loss": loss, "lr": optimizer.param_groups[0]["lr"], "nonfinite_steps": update.nonfinite_steps,
+                       "time/step": time.perf_counter() - t0}
             sinks.log(step, metrics)
             bar(step, loss=loss)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or stop:
                 save_checkpoint(rd, step, model, policy.tokenizer, optimizer, scheduler,
-                                {"step": step, "data": stream.state_dict()}, cfg.checkpoint.keep)
+                                {"step": step, "data": stream.state_dict(), "update": vars(update).copy()}, cfg.checkpoint.keep)
             if stop:
                 break
     final = rd.root / "final_model"
+    if not compute_all_finite(list(model.parameters())):  # a NaN model is never written as a result
+        raise CheckpointError(f"refusing to write {final}: the model has non-finite weights")
     if is_lora(model):  # the adapter (peft format); load_policy / tether eval merge it, tether export writes a plain model
         save_adapter(model, final)
     else:
@@ -88,12 +95,13 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     sinks.close()
     summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,
                "final_model": str(final), "wall_seconds": time.perf_counter() - t_start, "interrupted": bool(stop),
-               "precision": precision_summary(cfg, policy)}
+               "precision": precision_summary(cfg, policy), "nonfinite_steps": update.nonfinite_steps}
     rd.write_summary(summary)
     return policy, summary
 
 
-def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cfg: TetherConfig) -> float:
+def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cfg: TetherConfig,
+              state: UpdateState) -> float:
     padded = pad_records(batch, policy.pad_id)
     norm = compute_agg_norm(padded.loss_mask_BT)
     optimizer.zero_grad(set_to_none=True)
@@ -111,10 +119,5 @@ def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cf
         loss.backward()
         total += float(loss.detach())
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.sft.grad_clip or float("inf"))
-    if torch.isfinite(gnorm):
-        optimizer.step()
-    else:
-        optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
+    do_guarded_step(optimizer, scheduler, params, cfg.sft.grad_clip, cfg.train.max_bad_steps, state)
     return total

@@ -3,6 +3,7 @@ atomicity (.tmp-* leftovers ignored), pruning, and a Hugging Face-loadable expor
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -13,11 +14,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tether.io.checkpoint import (
+    CheckpointError,
     _load_via_from_pretrained,
     checkpoint_step,
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 from tether.io.run_dir import make_run_dir
 
@@ -185,3 +188,62 @@ def test_from_pretrained_fallback_loads_same_weights(tmp_path):
     _load_via_from_pretrained(path, fresh)
     for k, v in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
+
+
+# ----------------------------------------------------------------------------- verification (issue 14)
+
+
+def _two_checkpoints(tmp_path):
+    run = make_run_dir(tmp_path / "run")
+    model, opt, sched = make_training(seed=0)
+    good = save_checkpoint(run, 1, model, None, opt, sched, {"step": 1}, keep=3)
+    do_train_steps(model, opt, sched, 1)
+    newest = save_checkpoint(run, 2, model, None, opt, sched, {"step": 2}, keep=3)
+    return run, good, newest
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt", "trainer_state.pt"])
+def test_truncated_newest_checkpoint_falls_back_to_the_previous_and_is_kept_aside(tmp_path, victim):
+    run, good, newest = _two_checkpoints(tmp_path)
+    f = newest / victim
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    messages = []
+    assert find_latest_checkpoint(run, move_aside=True, log=messages.append) == good
+    assert len(messages) == 1 and victim in messages[0] and "truncated" in messages[0]
+    aside = run.checkpoints_dir / "step_000002.corrupt"
+    assert not newest.exists() and (aside / victim).is_file()  # moved aside, never deleted
+    model, opt, sched = make_training(seed=5)
+    assert load_checkpoint(good, model, opt, sched)["step"] == 1  # the previous one loads
+    save_checkpoint(run, 2, model, None, opt, sched, {"step": 2}, keep=1)  # a later save does not touch it
+    assert (aside / victim).is_file()
+
+
+def test_corrupted_bytes_are_caught_by_the_hash_and_reported_without_moving(tmp_path):
+    run, good, newest = _two_checkpoints(tmp_path)
+    f = newest / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-5] ^= 0xFF  # same size, one flipped byte in a weight
+    f.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning, match="model.safetensors: sha256 differs"):
+        assert find_latest_checkpoint(run) == good
+    assert newest.is_dir()  # without move_aside (e.g. `tether eval`), nothing is renamed
+    assert verify_checkpoint(good) is None
+
+
+def test_manifest_lists_every_file_with_size_and_hash(tmp_path):
+    run, good, _ = _two_checkpoints(tmp_path)
+    files = json.loads((good / "manifest.json").read_text())["files"]
+    on_disk = {p.name for p in good.iterdir() if p.name != "manifest.json"}
+    assert set(files) == on_disk >= {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.pt"}
+    assert files["optimizer.pt"]["size"] == (good / "optimizer.pt").stat().st_size
+    assert len(files["optimizer.pt"]["sha256"]) == 64
+
+
+def test_a_model_with_nonfinite_weights_is_never_saved(tmp_path):
+    run = make_run_dir(tmp_path / "run")
+    model = make_model(0)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match="non-finite weights"):
+        save_checkpoint(run, 3, model, None, None, None, {}, keep=2)
+    assert find_latest_checkpoint(run) is None and not list(run.checkpoints_dir.iterdir())

@@ -10,8 +10,20 @@ import json
 import os
 import sys
 
-import tether.cli  # noqa: F401  (the CLI and, below, the recipes: imported once, before any fork)
-import tether.recipes.rl  # noqa: F401
+import matplotlib
+
+matplotlib.use("Agg")
+# Imported once, before any fork; most of a tiny run's time is these imports (several are lazy:
+# torch's deterministic mode pulls in dynamo/inductor, transformers its model classes, plots matplotlib).
+import matplotlib.pyplot  # noqa: E402,F401
+import torch._dynamo  # noqa: E402,F401
+import torch._inductor  # noqa: E402,F401
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402,F401
+
+import tether.cli  # noqa: E402
+import tether.io.plots  # noqa: E402,F401
+import tether.policy.tiny  # noqa: E402,F401
+import tether.recipes.rl  # noqa: E402,F401
 
 
 def run_child(job: dict) -> int:

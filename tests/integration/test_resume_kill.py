@@ -71,6 +71,7 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 25 short runs; ~2 min on 2 free cores, far more on a loaded machine
 def test_kill9_at_every_point_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert {k.split("@")[0] for k in KILLS} <= set(KILL_POINTS)
     (tmp_path / "c.yaml").write_text("run:\n  name: kill\n")

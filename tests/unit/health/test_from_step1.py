@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=64",
         "model.tiny.vocab_size=64", "model.tiny.max_position_embeddings=32", "data.task=arith",
         "data.task_kwargs={digits: 1, ops: ['+', '-', '*']}", "data.train_size=96", "data.eval_size=4",
-        "rollout.n=8", "rollout.problems_per_step=16", "rollout.sampling.max_new_tokens=4", "train.steps=5",
+        "rollout.n=8", "rollout.problems_per_step=16", "rollout.sampling.max_new_tokens=4", "eval.sampling.max_new_tokens=4", "train.steps=5",
         "reward.isolation=inline", "eval.problems=4", "eval.samples=1", "checkpoint.every=0", "logging.tensorboard=false",
         "logging.progress=false", "logging.samples_per_step=0", "run.threads=1"]
 

@@ -5,6 +5,8 @@ import copy
 
 import torch
 
+from tether.update import UpdateState
+
 from tiny_policy_helpers import make_tiny_policy
 
 import tether.recipes.sft as sft
@@ -34,7 +36,7 @@ def test_sft_step_with_shared_prefix_equals_padded(monkeypatch):
         opt = torch.optim.SGD(pol.model.parameters(), lr=1.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         pol.trained_positions = 0
-        loss = sft._sft_step(pol, opt, sched, records, cfg)
+        loss = sft._sft_step(pol, opt, sched, records, cfg, UpdateState())
         positions[share] = pol.trained_positions
         after[share] = (loss, {n: p.detach().clone() for n, p in pol.model.named_parameters()})
     assert abs(after["off"][0] - after["on"][0]) < 1e-5

@@ -243,8 +243,8 @@ class RolloutTopK(Fault):
 
     def on_sampler(self, policy, sampling, step):
         update = {"top_k": int(self.p["top_k"])}
-        if "consistent_mask" in type(sampling).model_fields:  # a trainer that mirrors the mask would hide it
-            update["consistent_mask"] = False
+        if "keep_mask" in type(sampling).model_fields:  # the trainer mirroring the sampling mask would hide it
+            update["keep_mask"] = False
         return policy, sampling.model_copy(update=update)
 
 

@@ -168,7 +168,8 @@ class RolloutServer:
         with self._lock:
             done = self._episodes.pop(episode_id, [])
         return [Turn(context_ids=c.context_ids, action_ids=c.sample.token_ids, action_logprobs=c.sample.logprobs,
-                     finish=c.sample.finish, policy_version=c.sample.policy_version) for c in done]
+                     finish=c.sample.finish, policy_version=c.sample.policy_version, action_kept=c.sample.kept)
+                for c in done]  # action_kept: the truncation a top-k/top-p request sampled under (rollout.sampling.keep_mask)
 
     def close(self) -> None:
         self._server.should_exit = True

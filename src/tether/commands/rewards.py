@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="YAML config: model.path (the base causal LM) and the rm: section"),
         overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides, e.g. rm.pairs=pairs.jsonl"),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>-rm-<timestamp>"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir"),
     ) -> None:
         """Train a reward model on preference pairs; held-out pair accuracy -> summary.json, model -> final_model/."""
         from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary
@@ -26,7 +27,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()
         try:
-            summary = run_rm(cfg, rd)
+            summary = run_rm(cfg, rd, overwrite=overwrite)
         except _known_errors() as err:
             _fail_run(rd, existed, err)
         _print_summary(summary)

@@ -4,6 +4,7 @@
       task: mcp
       task_kwargs:
         servers: [{command: python, args: [my_server.py]}]     # each: command, args, env, cwd
+        tools: [my_pkg.tools:lookup]      # and/or Python functions (type hints + Args: docstring)
         problems: problems.jsonl          # or an inline list of {prompt, answer}
         system: "Use the tools, then end with: Answer: <answer>"
 
@@ -41,11 +42,28 @@ def _server_key(spec: Mapping[str, Any]) -> str:
     return json.dumps({k: spec.get(k) for k in ("command", "args", "env", "cwd")}, sort_keys=True)
 
 
-def get_mcp_tools(servers: Sequence[Mapping[str, Any]]) -> tuple[Tool, ...]:
-    """The tools of the declared servers, starting each server once per process."""
+def get_function_tools(refs: Sequence[str]) -> list[Tool]:
+    """Tools from `package.module:function` names (the function's type hints and docstring give
+    the schema, `tether.envs.tools.make_tool`)."""
+    from tether.envs.tools import make_tool
+    from tether.registry import import_object
+
+    tools = []
+    for ref in refs:
+        fn = import_object(str(ref), "data.task_kwargs.tools entry", InputError)
+        try:
+            tools.append(make_tool(fn))
+        except Exception as err:  # transformers' schema builder: missing type hints / docstring
+            raise InputError(f"data.task_kwargs.tools entry {ref!r}: cannot describe it as a tool ({err}); give the "
+                             "function type hints and a docstring with an Args: section") from err
+    return tools
+
+
+def get_mcp_tools(servers: Sequence[Mapping[str, Any]], functions: Sequence[str] = ()) -> tuple[Tool, ...]:
+    """The tools of the declared servers (each started once per process) and Python functions."""
     from tether.envs.mcp import MCPToolServer
 
-    tools: list[Tool] = []
+    tools: list[Tool] = get_function_tools(functions)
     for spec in servers:
         key = _server_key(spec)
         with _LOCK:
@@ -73,7 +91,7 @@ class MCPEnv:
 
     def __init__(self, task: Mapping[str, Any]) -> None:
         self.task = task
-        self.tools = get_mcp_tools(task["servers"])
+        self.tools = get_mcp_tools(task.get("servers") or (), task.get("tools") or ())
 
     def reset(self) -> Observation:
         return Observation((Message("system", self.task.get("system") or SYSTEM), Message("user", self.task["prompt"])))
@@ -101,17 +119,20 @@ def _rows(kw: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def make_mcp_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
-    if not kw.get("servers"):
-        raise InputError("data.task=mcp needs data.task_kwargs.servers=[{command: ..., args: [...]}]")
-    for spec in kw["servers"]:
+    if not kw.get("servers") and not kw.get("tools"):
+        raise InputError("data.task=mcp needs data.task_kwargs.servers=[{command: ..., args: [...]}] "
+                         "and/or data.task_kwargs.tools=[package.module:function, ...]")
+    for spec in kw.get("servers") or ():
         _server_key(spec)
+    if i == 0:
+        get_function_tools(kw.get("tools") or ())  # a bad reference fails here, before the model is built
     rows = _rows(kw)
     row = rows[rng.randrange(len(rows))]
-    return {**row, "id": f"mcp-{i}", "answer": str(row["answer"]), "servers": list(kw["servers"]),
-            "system": kw.get("system")}
+    return {**row, "id": f"mcp-{i}", "answer": str(row["answer"]), "servers": list(kw.get("servers") or ()),
+            "tools": [str(t) for t in kw.get("tools") or ()], "system": kw.get("system")}
 
 
 @register_env("mcp")
 def mcp_env() -> EnvSpec:
-    """Problems answered with the tools of MCP servers declared in the config; no scripted expert."""
-    return EnvSpec("mcp", make_mcp_task, MCPEnv, None, "tool use with MCP servers declared in the config")
+    """Problems answered with the tools of MCP servers and Python functions declared in the config."""
+    return EnvSpec("mcp", make_mcp_task, MCPEnv, None, "tool use with MCP servers / module:function tools from the config")

@@ -27,7 +27,7 @@ from typing import Any
 from tether.health import detectors_learned, detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
-from tether.health.remediation import ACTIONS, Snapshot, do_rollback, take_snapshot
+from tether.health.remediation import ACTIONS, Snapshot, do_rollback, restore_in_force, take_snapshot
 from tether.health.telemetry import History, compute_trajectory_stats, compute_weights_fingerprint, finite
 from tether.io.state import decode_state, encode_state
 
@@ -432,6 +432,8 @@ def build_health(cfg: Any, rd: Any = None, st: Any = None, state: dict[str, Any]
     mon = HealthMonitor(cfg, rd)
     if state is not None:
         mon.load_state_dict(state)
+        if st is not None and (rebuilt := restore_in_force(st, cfg, mon.actions)) and mon.trial is not None:
+            mon.trial["changes"] = rebuilt[-1]  # the repair on trial: its undo works after the resume
     elif rd is not None and st is not None and st.step > 0:
         by_step: dict[int, dict] = {}
         for row in rd.read_metrics():

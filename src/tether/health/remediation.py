@@ -25,10 +25,13 @@ policy versions keep increasing (weight-sync handshakes stay monotonic). Snapsho
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -255,3 +258,68 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            _downweight_component),
     Action("halt", "halt with a report", (), _halt),
 )}
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def _rebuild_change(st: Any, cfg: Any, rec: dict[str, Any]) -> Change:
+    """A change recorded as `{path, old, new}` (an action record) in force again after a resume,
+    with its undo: the config is re-read from config.yaml, so config changes are set again; the
+    LR and the KL coefficient came back with the optimizer/scheduler and the update state; a KL
+    anchor is rebuilt from the checkpoint's reference weights (`st.pending_ref`)."""
+    path, old, new = rec["path"], rec["old"], rec["new"]
+    if path == "train.lr":
+        sched = getattr(st, "scheduler", None)
+        base = list(getattr(sched, "base_lrs", []) or [])
+
+        def undo_lr() -> None:
+            st.optimizer.param_groups[0]["lr"] = old
+            if sched is not None and base and new:
+                sched.base_lrs[0] = base[0] * old / new
+        return Change(path, old, new, undo_lr)
+    if path == "update.kl_coef":
+        st.update.kl_coef = new
+
+        def undo_coef() -> None:
+            st.update.kl_coef = old
+        return Change(path, old, new, undo_coef)
+    if path == "reference":
+        if getattr(st, "ref", None) is None:
+            from tether.recipes.common import make_reference
+
+            st.ref = make_reference(st.policy)
+            saved = getattr(st, "pending_ref", None)
+            if saved is not None:
+                st.ref.model.load_state_dict(saved)
+
+        def drop_ref() -> None:
+            st.ref = None
+        return Change(path, old, new, drop_ref)
+    if path.startswith("reward.components["):
+        name = path[len("reward.components["):].split("]")[0]
+        comps = list(cfg.reward.components)
+        i = next(i for i, c in enumerate(comps) if c.name == name)
+        ch = _set_cfg(cfg, "reward.components", [*comps[:i], comps[i].model_copy(update={"weight": new}), *comps[i + 1:]])
+        return Change(path, old, new, ch.undo)
+    ch = _set_cfg(cfg, path, new)
+    return Change(path, old, new, ch.undo)
+
+
+def restore_in_force(st: Any, cfg: Any, actions: list[dict[str, Any]]) -> list[list[Change]]:
+    """Re-apply, after a resume, every repair still in force at the checkpoint (applied and not
+    reverted: kept ones and the one on trial), in the order they were made. Returns the rebuilt
+    changes per applied action still in force; the last is the trial's when one is running."""
+    in_force: list[tuple[str, list[dict[str, Any]]]] = []
+    for a in actions:
+        if a.get("event") == "apply":
+            in_force.append((a["action"], a["changes"]))
+        elif a.get("event") == "revert":
+            idx = max((i for i, (n, _) in enumerate(in_force) if n == a["action"]), default=None)
+            if idx is not None:
+                in_force.pop(idx)
+    rebuilt = [[_rebuild_change(st, cfg, c) for c in changes] for _, changes in in_force]
+    if rebuilt:
+        log.warning("resumed with %d health repair(s) in force: %s", len(rebuilt),
+                    ", ".join(f"{c.path}={c.new}" for cs in rebuilt for c in cs))
+    return rebuilt

@@ -49,7 +49,7 @@ RESUMABLE = (
     "run.retain_memory", "model.device", "model.gradient_checkpointing",
 )
 COMMANDS = {"rl": "tether train", "sft": "tether sft", "demo": "tether demo", "pipeline": "tether pipeline",
-            "distill": "tether pipeline (its distill stage)"}
+            "distill": "tether pipeline (its distill stage)", "rm": "tether rm", "merge": "tether pipeline (its merge stage)"}
 _SAMPLE_RE = re.compile(r"^[a-z_]+_(\d+)(?:-\d+)?\.jsonl\.gz$")
 
 

@@ -13,6 +13,7 @@ imported lazily; a missing package fails at construction with the `pip install` 
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import numbers
 import warnings
@@ -101,9 +102,12 @@ class WandbSink:
     name = "wandb"
 
     def __init__(self, project: str, run_name: str | None = None, config: Mapping[str, Any] | None = None,
-                 directory: str | None = None) -> None:
+                 directory: str | None = None, run_id: str | None = None) -> None:
+        """`run_id` (a resumed tether run): continue that W&B run instead of starting a new one."""
         self.wandb = _import_extra("wandb", "wandb", "logging.wandb")
-        self.run = self.wandb.init(project=project, name=run_name, config=dict(config or {}), dir=directory)
+        more = {"id": run_id, "resume": "allow"} if run_id else {}
+        self.run = self.wandb.init(project=project, name=run_name, config=dict(config or {}), dir=directory, **more)
+        self.run_id = str(self.run.id)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         # Scalars only: tables under a fixed key keep only the last step (trl PR#6568);
@@ -119,11 +123,14 @@ class MLflowSink:
 
     name = "mlflow"
 
-    def __init__(self, project: str, run_name: str | None = None, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, project: str, run_name: str | None = None, config: Mapping[str, Any] | None = None,
+                 run_id: str | None = None) -> None:
+        """`run_id` (a resumed tether run): continue that MLflow run (its params are already logged)."""
         self.mlflow = _import_extra("mlflow", "mlflow", "logging.mlflow")
         self.mlflow.set_experiment(project)
-        self.run = self.mlflow.start_run(run_name=run_name)
-        if config:
+        self.run = self.mlflow.start_run(run_id=run_id) if run_id else self.mlflow.start_run(run_name=run_name)
+        self.run_id = str(self.run.info.run_id)
+        if config and not run_id:
             self.mlflow.log_params(_flatten(config))
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -188,10 +195,24 @@ class MultiSink:
         self.sinks = []
 
 
+SINK_IDS = "sinks.json"
+
+
+def _read_sink_ids(run_dir: RunDir) -> dict[str, str]:
+    try:
+        ids = json.loads((run_dir.root / SINK_IDS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: str(v) for k, v in ids.items()} if isinstance(ids, dict) else {}
+
+
 def build_sinks(run_dir: RunDir, logging_cfg: Any, config: Any = None, start_step: int | None = None) -> list[MetricSink]:
     """The sinks that `logging_cfg` (a `LoggingConfig`) asks for; JSONL is always first.
 
-    `config` (optional, the full TetherConfig or a dict) is attached to W&B/MLflow runs.
+    `config` (optional, the full TetherConfig or a dict) is attached to W&B/MLflow runs, whose ids
+    are kept in `<run>/sinks.json` so that a resumed run (`start_step` given) continues the same
+    W&B/MLflow run. (Steps an interrupted attempt logged past the checkpoint stay in those
+    services: W&B ignores steps at or below its last one, MLflow keeps both values of a step.)
     Raises MissingExtraError when wandb/mlflow is requested but not installed: failing at
     startup beats discovering after a day that nothing was logged. `start_step` (a resumed run):
     the checkpoint's step; TensorBoard drops what an interrupted attempt logged after it.
@@ -204,10 +225,13 @@ def build_sinks(run_dir: RunDir, logging_cfg: Any, config: Any = None, start_ste
     try:
         if logging_cfg.tensorboard:
             sinks.append(TensorBoardSink(run_dir.tb_dir, None if start_step is None else start_step + 1))
+        ids = _read_sink_ids(run_dir) if start_step is not None else {}
         if logging_cfg.wandb:
-            sinks.append(WandbSink(logging_cfg.project, run_name, cfg_dict, str(run_dir.root)))
+            sinks.append(WandbSink(logging_cfg.project, run_name, cfg_dict, str(run_dir.root), ids.get("wandb")))
         if logging_cfg.mlflow:
-            sinks.append(MLflowSink(logging_cfg.project, run_name, cfg_dict))
+            sinks.append(MLflowSink(logging_cfg.project, run_name, cfg_dict, ids.get("mlflow")))
+        if logging_cfg.wandb or logging_cfg.mlflow:
+            (run_dir.root / SINK_IDS).write_text(json.dumps({s.name: s.run_id for s in sinks if hasattr(s, "run_id")}))
     except BaseException:
         MultiSink(sinks).close()  # don't leak open writers when a later sink cannot start
         raise

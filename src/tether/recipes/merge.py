@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from tether.algos.merge import compute_linear_merge, compute_task_arithmetic
 from tether.config import ConfigError, TetherConfig
-from tether.io.run_dir import make_run_dir
+from tether.io.resume import do_open_run
 
 
 def read_state_dict(model_dir: str | Path, what: str = "merge.models") -> dict[str, torch.Tensor]:
@@ -52,8 +52,7 @@ def run_merge(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> d
     """Merge `merge.models` (`previous` = model.path) into final_model/; writes summary.json."""
     t0 = time.perf_counter()
     m = cfg.merge
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
+    rd = do_open_run(run_dir, cfg, "merge", resume=resume).run_dir  # never over another run (tether.io.resume)
     models = [cfg.model.path if name == "previous" else name for name in m.models]
     if len(models) < (1 if m.method == "task_arithmetic" else 2) or any(not x for x in models):
         raise ConfigError(f"merge.models={m.models}: name {'one or more models' if m.method == 'task_arithmetic' else 'at least two models'} "

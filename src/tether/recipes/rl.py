@@ -104,6 +104,7 @@ class RLState:
             self.kl_ctl.load_state_dict(extra["kl_ctl"])
         if self.ref is not None and extra.get("ref") is not None:
             self.ref.model.load_state_dict(extra["ref"])
+        self.pending_ref = extra.get("ref") if self.ref is None else None  # a KL anchor a health repair added
         if self.critic is not None and extra.get("critic") is not None:
             self.critic.load_state_dict(extra["critic"])
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tether.config import ConfigError, TetherConfig
-from tether.io.run_dir import make_run_dir
+from tether.io.resume import do_open_run
 from tether.recipes.common import progress_bar, seed_run, setup_problems
 from tether.rewards.rm import (
     compute_bradley_terry_loss, compute_pair_accuracy, compute_scores, encode_pair_texts, load_reward_model,
@@ -43,13 +43,13 @@ def build_verifier_pairs(cfg: TetherConfig) -> list[dict[str, str]]:
     return make_pairs_from_groups(groups)
 
 
-def run_rm(cfg: TetherConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Train the reward model; returns the summary written to summary.json."""
+def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> dict[str, Any]:
+    """Train the reward model; returns the summary written to summary.json. An existing run
+    directory is refused unless `overwrite` (tether.io.resume)."""
     t0 = time.perf_counter()
     if not cfg.model.path:
         raise ConfigError("tether rm needs model.path: the causal LM the reward model starts from")
-    rd = make_run_dir(run_dir)
-    rd.write_config(cfg)
+    rd = do_open_run(run_dir, cfg, "rm", overwrite=overwrite).run_dir
     seed_run(cfg.run)
     r = cfg.rm
     pairs = read_pairs(r.pairs) if r.pairs else build_verifier_pairs(cfg)

@@ -70,3 +70,42 @@ def test_bad_server_declaration_is_a_clear_error():
     with pytest.raises(ValueError, match="each server needs a 'command'"):
         setup_problems(load_config(None, ["data.task=mcp", 'data.task_kwargs={"servers": [{"args": ["x"]}], '
                                           '"problems": [{"prompt": "q", "answer": 1}]}']))
+
+
+TOOLS_MODULE = '''
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def undocumented(a, b):
+    return a
+'''
+
+
+def test_function_tools_from_the_config_by_module_name(tmp_path, monkeypatch):
+    """Issue 13: tools named `package.module:function` in the config, next to or instead of MCP servers."""
+    (tmp_path / "my_tools_mod.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kwargs = {"tools": ["my_tools_mod:multiply"],
+              "problems": [{"prompt": f"What is {a} times 7?", "answer": a * 7} for a in (6, 8, 9)]}
+    train, _ = setup_problems(load_config(None, ["data.task=mcp", f"data.task_kwargs={json.dumps(kwargs)}",
+                                                 "data.train_size=1", "data.eval_size=1"]))
+    env = make_env(train[0])
+    assert [t.name for t in env.tools] == ["multiply"]
+    assert env.tools[0].schema["function"]["parameters"]["properties"]["a"]["type"] == "integer"
+    a = int(train[0]["prompt"].split()[2])
+    r = env.step(_act('<tool_call>{"name": "multiply", "arguments": {"a": %d, "b": 7}}</tool_call>' % a))
+    assert r.observation.messages[0].content == str(a * 7) and r.info["tool_calls"] == 1
+    assert env.step(_act(f"Answer: {a * 7}")).reward == 1.0
+    for ref, msg in (("my_tools_mod:nope", "has no attribute 'nope'"), ("no_such_mod_xyz:f", "cannot import module"),
+                     ("my_tools_mod:undocumented", "type hints and a docstring")):
+        bad = {**kwargs, "tools": [ref]}
+        with pytest.raises(ValueError, match=msg):
+            setup_problems(load_config(None, ["data.task=mcp", f"data.task_kwargs={json.dumps(bad)}",
+                                              "data.train_size=1", "data.eval_size=1"]))

@@ -56,6 +56,21 @@ def test_chat_with_tools_returns_sampled_ids_logprobs_and_version(server, policy
     assert "<tools>" in rendered and '"calculator"' in rendered  # the tools went through the family template
 
 
+def test_a_truncated_request_records_its_sampling_mask_on_the_turn(server, policy):
+    """Issue 13: a request with top_p samples from a truncated distribution; the turn keeps the
+    kept-token counts so that the trainer scores under the same truncation (keep_mask)."""
+    client = openai.OpenAI(base_url=server.episode_url("topp-1"), api_key=server.api_key)
+    r = client.chat.completions.create(model="tether", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                       temperature=1.0, top_p=0.5)
+    (turn,) = server.pop_episode("topp-1")
+    vocab = policy.model.config.vocab_size
+    assert len(turn.action_kept) == len(turn.action_ids) == len(r.choices[0].token_ids)
+    assert all(1 <= k < vocab for k in turn.action_kept)  # a real truncation, not the full vocabulary
+    client.chat.completions.create(model="tether", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                   extra_body={"episode_id": "full-1"})
+    assert server.pop_episode("full-1")[0].action_kept == ()  # no filter: nothing to record
+
+
 def test_completions_with_logprobs_and_token_prompt(server, policy):
     client = openai.OpenAI(base_url=server.base_url, api_key=server.api_key)
     prompt = policy.tokenizer("12+30=", add_special_tokens=False)["input_ids"]

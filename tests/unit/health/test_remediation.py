@@ -213,3 +213,69 @@ def test_clip_and_epoch_repairs_apply_only_when_out_of_range():
     assert ACTIONS["restore_clip"].apply(st, cfg, {}) == [] and ACTIONS["lower_epochs"].apply(st, cfg, {}) == []
     cfg.algo.epochs = 8
     assert [c.new for c in ACTIONS["lower_epochs"].apply(st, cfg, {})] == [1]
+
+
+def _feed(mon, st, cfg, rows, steps, edit):
+    for step in steps:
+        st.step = step
+        with torch.no_grad():
+            st.policy.model.weight.add_(1.0)
+        row = dict(rows[step - 1])
+        edit(row, step, cfg)
+        mon.observe(st, cfg, row, [])
+
+
+def _mismatch(row, step, cfg):
+    if step >= 15:
+        row["logp_gap_mean"] = 0.2  # rollout/trainer mismatch: repaired by a config change (IS correction)
+    if cfg.algo.correction.mode == "mask":
+        row["is_mask_frac"] = 0.7  # ... which masks too much and is reverted
+
+
+def test_a_repair_on_trial_stays_in_force_and_undoable_across_a_resume():
+    """Issue 14: the config is re-read from config.yaml on resume, so a repair's config change
+    must be applied again from the checkpointed monitor, and its undo must still work."""
+    import io
+
+    rng = random.Random(3)
+    rows = [healthy_row(s, rng) for s in range(1, 30)]
+    st_a, cfg_a = _state(), _cfg()
+    whole = HealthMonitor(cfg_a)
+    _feed(whole, st_a, cfg_a, rows, range(1, 30), _mismatch)
+    applied = whole.actions[0]["step"]
+    assert [a["event"] for a in whole.actions][:2] == ["apply", "revert"] and cfg_a.algo.correction.mode == "truncate"
+
+    st_b, cfg_b = _state(), _cfg()
+    first = HealthMonitor(cfg_b)
+    _feed(first, st_b, cfg_b, rows, range(1, applied + 2), _mismatch)  # killed one step into the trial
+    assert first.trial is not None and cfg_b.algo.correction.mode == "mask"
+    buf = io.BytesIO()
+    torch.save(first.state_dict(), buf)
+    buf.seek(0)
+    cfg_c = _cfg()  # what a resume re-reads from config.yaml: no repair in it
+    resumed = build_health(cfg_c, st=st_b, state=torch.load(buf, weights_only=True))
+    assert cfg_c.algo.correction.mode == "mask" and cfg_c.algo.correction.level == "sequence"
+    _feed(resumed, st_b, cfg_c, rows, range(applied + 2, 30), _mismatch)
+    assert resumed.actions == whole.actions
+    assert cfg_c.algo.correction.model_dump() == cfg_a.algo.correction.model_dump()  # the revert's undo ran
+
+
+def test_a_kept_kl_anchor_is_rebuilt_from_the_checkpoint_on_resume():
+    from tether.health.remediation import restore_in_force
+
+    st, cfg = _state(), _cfg()
+    changes = ACTIONS["raise_kl"].apply(st, cfg, {})
+    records = [{"event": "apply", "action": "raise_kl", "changes": [c.to_json() for c in changes]},
+               {"event": "keep", "action": "raise_kl", "changes": [c.to_json() for c in changes]}]
+    st2, cfg2 = _state(), _cfg()
+    saved = {k: v + 1.0 for k, v in st.ref.model.state_dict().items()}
+    st2.pending_ref = saved  # RLState.load_extra_state keeps the checkpoint's reference weights here
+    rebuilt = restore_in_force(st2, cfg2, records)
+    assert len(rebuilt) == 1 and cfg2.algo.kl.coef == cfg.algo.kl.coef == 0.05 and st2.update.kl_coef == 0.05
+    assert st2.ref is not None and all(torch.equal(st2.ref.model.state_dict()[k], v) for k, v in saved.items())
+    for c in reversed(rebuilt[0]):
+        c.undo()
+    assert st2.ref is None and cfg2.algo.kl.coef == 0.0 and st2.update.kl_coef == 0.0
+    reverted = records[:1] + [{"event": "revert", "action": "raise_kl", "changes": records[0]["changes"]}]
+    st3, cfg3 = _state(), _cfg()
+    assert restore_in_force(st3, cfg3, reverted) == [] and cfg3.algo.kl.coef == 0.0 and st3.ref is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -103,3 +104,45 @@ def test_failing_sink_disabled_with_one_warning(run):
     assert multi.disabled == {"boom": "OSError: disk full"}
     assert [r["step"] for r in run.read_metrics()] == [1, 2, 3]
     multi.close()
+
+
+def _fake_services(monkeypatch):
+    """Stand-ins for wandb and mlflow (neither is installed here) that record how runs start."""
+    from types import ModuleType, SimpleNamespace
+
+    calls = {"wandb": [], "mlflow": []}
+    wandb = ModuleType("wandb")
+
+    def init(**kw):
+        calls["wandb"].append(kw)
+        return SimpleNamespace(id=kw.get("id") or "wb-new", log=lambda *a, **k: None, finish=lambda: None)
+
+    wandb.init = init
+    mlflow = ModuleType("mlflow")
+    mlflow.set_experiment = lambda name: None
+
+    def start_run(**kw):
+        calls["mlflow"].append(kw)
+        return SimpleNamespace(info=SimpleNamespace(run_id=kw.get("run_id") or "ml-new"))
+
+    mlflow.start_run = start_run
+    mlflow.log_params = lambda params: calls["mlflow"].append({"params": len(params)})
+    mlflow.log_metrics = lambda metrics, step: None
+    mlflow.end_run = lambda: None
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    return calls
+
+
+def test_a_resumed_run_continues_its_wandb_and_mlflow_runs(run, monkeypatch):
+    """Issue 14: sinks resume too: the W&B/MLflow run ids are kept in the run directory and a
+    resumed run continues those runs instead of starting new ones."""
+    calls = _fake_services(monkeypatch)
+    cfg = LoggingConfig(tensorboard=False, wandb=True, mlflow=True)
+    MultiSink(build_sinks(run, cfg, {"a": 1})).close()
+    assert "id" not in calls["wandb"][0] and "run_id" not in calls["mlflow"][0]
+    assert json.loads((run.root / "sinks.json").read_text()) == {"wandb": "wb-new", "mlflow": "ml-new"}
+    calls["wandb"].clear(), calls["mlflow"].clear()
+    MultiSink(build_sinks(run, cfg, {"a": 1}, start_step=3)).close()  # the resume
+    assert calls["wandb"][0]["id"] == "wb-new" and calls["wandb"][0]["resume"] == "allow"
+    assert calls["mlflow"] == [{"run_id": "ml-new"}]  # same run, params not logged twice

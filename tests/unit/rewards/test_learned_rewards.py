@@ -212,6 +212,11 @@ def test_reward_model_trains_and_scores(tmp_path):
         components=[{"name": "exact_match"}, {"name": "reward_model", "kwargs": {"path": str(rm_dir), "normalize": "sigmoid"}}]))
     assert results[0].components["reward_model"] > results[1].components["reward_model"]
     assert 0 < results[1].components["reward_model"] < 1
+    from tether.io.resume import RunDirError
+
+    with pytest.raises(RunDirError, match="already holds a run"):  # a finished RM run is never overwritten
+        run_rm(cfg, tmp_path / "rm")
+    assert (rm_dir / "model.safetensors").is_file()
 
 
 TINY_RL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",

@@ -37,4 +37,12 @@ def compute_all_finite(tensors) -> bool:
 
     A tensor whose 2-norm overflows (fp32 entries ~1e19) counts as non-finite: such weights are broken too."""
     tensors = [t.detach() for t in tensors]
+    if tensors and hasattr(tensors[0], "to_local"):  # FSDP2 shards (tether.dist.fsdp): every rank must agree
+        import torch.distributed as tdist
+
+        local = [t.to_local() for t in tensors]
+        finite = bool(torch.isfinite(torch.stack(torch._foreach_norm(local)).float()).all())
+        ok = torch.tensor(float(finite), device=local[0].device)
+        tdist.all_reduce(ok, op=tdist.ReduceOp.MIN)
+        return bool(ok)
     return not tensors or bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors)).float()).all())

@@ -194,7 +194,8 @@ class UpdateContext:
     def from_run(cls, st: Any, cfg: Any, dp: Any = None) -> "UpdateContext":
         """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator) and config."""
         s = cfg.rollout.sampling
-        return cls(st.policy, st.optimizer, cfg.algo, cfg.train, s.temperature, st.update, st.scheduler, st.ref,
+        policy = getattr(dp, "train_policy", None) or st.policy  # FSDP2 rank 0: the sharded twin (tether.dist.fsdp)
+        return cls(policy, st.optimizer, cfg.algo, cfg.train, s.temperature, st.update, st.scheduler, st.ref,
                    st.critic, st.generator, cfg.algo.agg.max_len or s.max_new_tokens, dp)
 
 
@@ -239,6 +240,7 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
             grad_norms.append(_step(optimizer, scheduler, params, train, state))
     if dp is not None:
         dp.reduce_metrics(acc)
+        dp.end()
     out = acc.result()
     finite = [g for g in grad_norms if g == g]  # NaN marks a skipped step
     out["grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
@@ -289,6 +291,8 @@ def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_b
     A non-finite gradient skips the step, a step that makes a weight non-finite is undone; both are
     counted (`state.nonfinite_steps`) and `max_bad_steps` in a row raise `TrainingHalted`."""
     total = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
+    if hasattr(total, "full_tensor"):  # FSDP2 shards (tether.dist.fsdp): the norm over every rank
+        total = total.full_tensor()
     total_f = float(total)
     if not torch.isfinite(total):
         return _count_bad_step(optimizer, state, max_bad_steps, "a non-finite loss or gradient")

@@ -1,11 +1,13 @@
 """Staleness 0 reproduces the synchronous recipe (verl#6780): `tether train-async` with one
 rollout worker on a local Ray instance gives bit-identical metrics to `tether train`; with two
-data-parallel trainer ranks (gloo) it follows the same curve up to float summation order."""
+data-parallel trainer ranks (gloo), replicated or FSDP2-sharded, it follows the same curve up to
+float summation order."""
 
 import json
 import math
 
 import pytest
+import torch
 
 from tether.config import load_config
 from tether.recipes.rl import run_rl
@@ -30,11 +32,11 @@ def rows(path):
 def sync_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("sync")
     summary = run_rl(load_config(None, BASE), path)
-    return rows(path), summary
+    return rows(path), summary, path
 
 
 def test_staleness_zero_is_bit_identical_to_sync(tmp_path, sync_run):
-    sync, sync_summary = sync_run
+    sync, sync_summary, _ = sync_run
     summary = run_rl_async(load_config(None, BASE + ["dist.rollout_workers=1"]), tmp_path)
     got = rows(tmp_path)
     assert sorted(got) == sorted(sync) == [1, 2, 3]
@@ -51,10 +53,38 @@ def test_staleness_zero_is_bit_identical_to_sync(tmp_path, sync_run):
 
 
 def test_two_trainer_ranks_follow_sync(tmp_path, sync_run):
-    sync, _ = sync_run
+    sync, _, _ = sync_run
     summary = run_rl_async(load_config(None, BASE + ["dist.rollout_workers=1", "dist.trainer_workers=2"]), tmp_path)
     got = rows(tmp_path)
     assert summary["trainer_follower_updates"] == [3]
     for step, want in sync.items():
         for k in ("pg_loss", "grad_norm", "entropy", "reward/mean", "optimizer_steps"):
             assert got[step][k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), (step, k)
+
+
+def _final_checkpoint(run):
+    from safetensors.torch import load_file
+
+    from tether.io.checkpoint import find_latest_checkpoint
+
+    ckpt = find_latest_checkpoint(run)
+    return load_file(ckpt / "model.safetensors"), torch.load(ckpt / "optimizer.pt", weights_only=True)
+
+
+def test_two_fsdp2_trainer_ranks_follow_sync(tmp_path, sync_run):
+    sync, _, sync_path = sync_run
+    summary = run_rl_async(load_config(None, BASE + ["dist.rollout_workers=1", "dist.trainer_workers=2",
+                                                     "dist.trainer_sharding=fsdp2"]), tmp_path)
+    got = rows(tmp_path)
+    assert summary["trainer_follower_updates"] == [3]
+    for step, want in sync.items():  # steps 2-3 also show that rank 0's gathered weights reached the worker
+        for k in ("pg_loss", "grad_norm", "entropy", "reward/mean", "optimizer_steps"):
+            assert got[step][k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), (step, k)
+    weights, optim = _final_checkpoint(tmp_path)  # the sharded state, gathered in the single-process format
+    want_w, want_o = _final_checkpoint(sync_path)
+    assert weights.keys() == want_w.keys() and optim["state"].keys() == want_o["state"].keys()
+    for k in want_w:
+        assert torch.allclose(weights[k], want_w[k], atol=1e-5, rtol=1e-4), k
+    for i, s in want_o["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(optim["state"][i][k], s[k], atol=1e-7, rtol=1e-3), (i, k)

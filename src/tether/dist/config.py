@@ -86,6 +86,9 @@ class DistConfig(_Base):
     num_cpus: int | None = Field(None, gt=0, description="local instance only: logical CPUs (default: this machine's)")
     rollout_workers: int = Field(2, ge=1)
     trainer_workers: int = Field(1, ge=1, description="data-parallel trainer ranks; rank 0 is the driver")
+    trainer_sharding: Literal["replicate", "fsdp2"] = Field(
+        "replicate", description="trainer ranks hold whole replicas, or FSDP2 shards of the weights, gradients and "
+                                 "AdamW state (tether.dist.fsdp; rank 0 keeps one plain copy to evaluate and publish)")
     backend: Literal["hf", "vllm"] = Field("hf", description="rollout engine: transformers (CPU/GPU) or vLLM (GPU)")
     worker_imports: list[str] = Field(default_factory=list, description="modules each rollout worker imports first "
                                       "(they register custom environments, tasks, rewards in the worker process)")
@@ -158,6 +161,22 @@ def find_dist_problems(cfg: Any) -> list[str]:
             if bad:
                 out.append(f"dist.trainer_workers > 1 keeps replicas in step by all-reducing gradients; {why} "
                            "would make them diverge: use dist.trainer_workers=1 or drop the setting")
+    if d.trainer_sharding == "fsdp2":
+        out.extend(find_fsdp2_problems(cfg))
     if d.ray_address is not None and d.num_cpus is not None:
         out.append("dist.num_cpus sizes a local Ray instance; it does nothing with dist.ray_address (a running cluster)")
+    return out
+
+
+def find_fsdp2_problems(cfg: Any) -> list[str]:
+    """What `dist.trainer_sharding=fsdp2` cannot shard (tether.dist.fsdp)."""
+    from tether.algos import ADVANTAGES
+
+    out = []
+    if cfg.dist.trainer_workers < 2:
+        out.append("dist.trainer_sharding=fsdp2 shards over trainer ranks: set dist.trainer_workers >= 2 "
+                   "(or dist.trainer_sharding=replicate)")
+    if ADVANTAGES.facts(cfg.algo.advantage.name).needs_critic:
+        out.append(f"dist.trainer_sharding=fsdp2 does not shard the critic of algo.advantage.name="
+                   f"{cfg.algo.advantage.name}: use dist.trainer_sharding=replicate or a critic-free estimator (grpo)")
     return out

@@ -16,8 +16,8 @@ scheduler, reference and critic. Every update, through the hooks `run_update` ca
 Replicas stay identical (same gradient, same optimizer step), so rank 0's weights are the
 group's weights: it alone evaluates, checkpoints and publishes weights to the rollout workers.
 Hence the restrictions in `find_dist_problems` (no rank-0-only rollback or reference reset).
-FSDP (sharded parameters) is not wired: it would need every rank in lockstep for rank 0's
-evaluation, scoring and checkpointing as well (see docs/distributed.md).
+With `dist.trainer_sharding: fsdp2` the ranks hold FSDP2 shards instead (tether.dist.fsdp): the
+same hooks plus `serve` (followers join rank 0's collectives between updates) and `end`.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class DataParallel:
         payload = [("update", batch, None if generator is None else generator.get_state(), state.kl_coef)
                    if self.rank == 0 else None]
         tdist.broadcast_object_list(payload, src=0)
+        while self.rank != 0 and self.serve(payload[0][0]):  # a collective rank 0 runs between updates
+            payload = [None]
+            tdist.broadcast_object_list(payload, src=0)
         cmd, batch, gen_state, kl_coef = payload[0]
         if cmd == "stop":
             raise _Stop
@@ -67,6 +70,10 @@ class DataParallel:
                 generator.set_state(gen_state)
             state.kl_coef = kl_coef
         return batch
+
+    def serve(self, cmd: str) -> bool:
+        """Followers: run rank 0's command `cmd` if it is not an update or a stop (True: served)."""
+        return False
 
     def shard(self, micro: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[Sequence[int]]:
         return compute_rank_shards(micro, lengths, self.world)[self.rank]
@@ -106,6 +113,9 @@ class DataParallel:
             for k, v in loss.items():
                 losses[k] = losses.get(k, 0.0) + v
         acc.sums, acc.weights, acc.maxes, acc.losses = sums, weights, maxes, losses
+
+    def end(self) -> None:
+        """After the update, on every rank (replicas: nothing to do)."""
 
     def stop(self) -> None:
         """Rank 0: release the followers from their loop."""
@@ -149,6 +159,13 @@ class TrainerFollower:
 
     def join(self, addr: str, port: int, backend: str, timeout_s: float) -> int:
         self.dp = do_init_group(self.rank, self.world, addr, port, backend, timeout_s)
+        return self.rank
+
+    def shard(self) -> int:
+        """dist.trainer_sharding=fsdp2: this rank's replica becomes its shards (with rank 0's, a collective)."""
+        from tether.dist.fsdp import shard_run_state
+
+        self.dp = shard_run_state(self.st, self.cfg, self.rank, self.world)
         return self.rank
 
     def follow(self) -> int:
@@ -200,6 +217,12 @@ class TrainerGroup:
         joins = [f.join.remote(addr, port, backend, d.order_timeout_s) for f in self.followers]
         self.dp = do_init_group(0, world, addr, port, backend, d.order_timeout_s)
         ray.get(joins)
+        if d.trainer_sharding == "fsdp2":
+            from tether.dist.fsdp import shard_run_state
+
+            shards = [f.shard.remote() for f in self.followers]
+            self.dp = shard_run_state(st, self.cfg, 0, world)
+            ray.get(shards)
         self.loops = [f.follow.remote() for f in self.followers]
         return self.dp
 

@@ -271,6 +271,10 @@ def compute_sequence_logprobs(
     `kept_BT`: the sampler's truncation per token (`tether.policy.hf.apply_sampling_mask`)."""
     from tether.policy.hf import compute_logprobs
 
+    sharded = getattr(policy.model, "tether_sharded_call", None)
+    if sharded is not None:  # FSDP2 (tether.dist.fsdp): under the root unit's unshard, one backbone pass per call
+        return sharded(lambda: compute_logprobs(policy, input_ids_BT, attention_mask_BT, temperature,
+                                                with_entropy=with_entropy, pack=pack, kept_BT=kept_BT))
     if share != "off" and group_B is not None and supports_prefix_sharing(policy.model):
         lengths = attention_mask_BT.long().sum(-1).tolist()
         if share == "on" or _shared_is_cheaper(input_ids_BT, lengths, group_B, pack):

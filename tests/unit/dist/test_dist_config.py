@@ -39,6 +39,9 @@ def test_each_choice_must_match_algo_correction():
     (["dist.backend=vllm"], "needs a GPU per rollout worker"),
     (["dist.trainer_workers=2", "health.mode=auto"], "replicas"),
     (["dist.ray_address=auto", "dist.num_cpus=2"], "does nothing with dist.ray_address"),
+    (["dist.trainer_sharding=fsdp2"], "set dist.trainer_workers >= 2"),
+    (["dist.trainer_sharding=fsdp2", "dist.trainer_workers=2", "algo.advantage.name=gae"], "does not shard the critic"),
+    (["dist.trainer_sharding=fsdp3"], "trainer_sharding"),
 ])
 def test_impossible_combinations_are_rejected(overrides, match):
     with pytest.raises(ConfigError, match=match):

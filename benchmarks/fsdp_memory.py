@@ -62,7 +62,7 @@ def _rank(rank: int, world: int, port: int, sharded: bool, out: str) -> None:
     from tether.optim import build_optimizer
     from tether.update import UpdateContext, run_update
 
-    cfg = load_config(None, ["algo.mini_batches=2", "train.micro_batch_tokens=128", "train.share_prefix=off"])
+    cfg = load_config(None, ["algo.mini_batches=2", "train.micro_batch_tokens=128", "train.share_prefix='off'"])
     policy, dp = _policy(), None
     if sharded:
         do_init_group(rank, world, "127.0.0.1", port, "gloo", 300)

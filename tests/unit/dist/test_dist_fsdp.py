@@ -11,7 +11,7 @@ from tether.dist.fsdp import compute_lockstep_shards
 from tether.dist.trainer import find_free_port
 
 OVERRIDES = ["algo.epochs=2", "algo.mini_batches=2", "train.micro_batch_tokens=24", "train.lr=1e-2",
-             "train.share_prefix=off"]
+             "train.share_prefix='off'"]
 
 
 def test_lockstep_shards_cover_every_row_once_with_equal_counts():

@@ -80,12 +80,15 @@ class Sample:
     # the sampling mask (DeepSeek-V3.2 "Keep Sampling Mask"): per token, how many vocabulary
     # entries top-k / top-p / min-p kept (the highest-logit ones); () when no filter was on
     kept: tuple[int, ...] = ()
+    # in-flight weight updates (tether.policy.inflight): the policy version of every token; ()
+    # when the whole sample came from `policy_version`
+    token_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.logprobs) or (self.kept and len(self.kept) != len(self.token_ids)):
-            raise ValueError(
-                f"Sample: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs / {len(self.kept)} kept counts"
-            )
+        n = len(self.token_ids)
+        if n != len(self.logprobs) or (self.kept and len(self.kept) != n) or (self.token_versions and len(self.token_versions) != n):
+            raise ValueError(f"Sample: {n} token ids but {len(self.logprobs)} logprobs / {len(self.kept)} kept counts / "
+                             f"{len(self.token_versions)} token versions")
 
 
 @dataclass(frozen=True)

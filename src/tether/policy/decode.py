@@ -144,3 +144,15 @@ class LeanDecoder:
             x = x + F.linear(F.silu(g) * u, p["down"]).float()
         self.length = n + 1
         return F.linear(rms_norm(x, self.norm_w, self.eps), self.head_w, self.head_b)
+
+
+def make_lean_decoder(policy, batch: int, capacity: int, cache):
+    """A LeanDecoder over the prefilled `cache`, when the model is one it reproduces (else None:
+    transformers' forward per token)."""
+    if not policy.lean_decode or cache is None or not supports(policy.model):
+        return None
+    if not all(getattr(layer, "keys", None) is not None for layer in getattr(cache, "layers", [])):
+        return None
+    lean = LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16)
+    lean.load_prefill(cache)
+    return lean

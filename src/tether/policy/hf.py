@@ -46,6 +46,7 @@ class HFPolicy:
     lean_train: str = "eager"  # tether.policy.lean_train for shared-prefix scoring: "eager", "compile" (train.compile), "off"
     trained_positions: int = 0  # token positions run forward+backward so far (padding included): see count_trained
     base_only: bool = False  # a LoRA model scored with its adapters off: the KL reference (tether.policy.lora)
+    weight_feed: object = None  # tether.policy.inflight.WeightFeed: newer weights taken between decode steps
 
     @property
     def max_positions(self) -> int:
@@ -280,19 +281,6 @@ def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None
     return torch.where(tok < cdf.shape[-1], tok, logp_BV.argmax(-1))  # u rounded up to the total: the mode
 
 
-def _lean_decoder(policy: HFPolicy, batch: int, capacity: int, cache):
-    """tether.policy.decode.LeanDecoder over the prefilled `cache`, when the model is one it reproduces."""
-    from tether.policy import decode
-
-    if not policy.lean_decode or cache is None or not decode.supports(policy.model):
-        return None
-    if not all(getattr(layer, "keys", None) is not None for layer in getattr(cache, "layers", [])):
-        return None
-    lean = decode.LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16)
-    lean.load_prefill(cache)
-    return lean
-
-
 def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample]:
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: every prompt needs at least one token")
@@ -311,9 +299,9 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     full_mask = torch.ones((B, W + max_new), dtype=mask.dtype, device=dev)  # sliced per step: no cat
     full_mask[:, :W] = mask
     cache_kw = _cache_kwarg(model)
-    from tether.policy import decode
+    from tether.policy import decode, inflight
 
-    lean_ok = policy.lean_decode and decode.supports(model)
+    lean_ok, switches = policy.lean_decode and decode.supports(model), [(0, policy.version)]
     cache = _make_decode_cache(model, W if lean_ok else W + max_new)  # the lean decoder keeps its own
     filtered = bool(sampling.top_k) or sampling.top_p < 1.0 or sampling.min_p > 0.0
     record = filtered and sampling.keep_mask and not greedy  # the sampling mask, for the trainer
@@ -322,7 +310,7 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
         res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
         cache, logits = res[cache_kw], res.logits[:, -1]
-        lean = _lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
+        lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
         key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
         is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
         is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
@@ -349,25 +337,35 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
             finished |= newly
             if t == max_new - 1 or bool(finished.all()):
                 break
-            if lean is not None:
+            if policy.weight_feed is not None and (update := policy.weight_feed.take()) is not None:
+                logits, cache, lean = inflight.switch_weights(policy, update, torch.cat([ids, tokens[:, :t + 1]], 1),
+                                                              full_mask[:, :W + t + 1], W + max_new, lean_ok)
+                switches.append((t + 1, policy.version))  # in-flight update (tether.policy.inflight)
+            elif lean is not None:
                 logits = lean.step(tok, next_pos[:, 0], key_bias)
             else:
                 res = model(input_ids=tok[:, None], attention_mask=full_mask[:, :W + t + 1], position_ids=next_pos,
                             use_cache=True, **{cache_kw: cache})
                 logits = res.logits[:, -1]
             next_pos = next_pos + 1
-    tokens, logps, lengths, finished = tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu()
-    kept = kept.cpu() if kept is not None else None
+    return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
+                       kept.cpu() if kept is not None else None, switches)
+
+
+def _to_samples(prompts, tokens, logps, lengths, finished, kept, switches) -> list[Sample]:
+    from tether.policy.inflight import expand_versions
+
     samples = []
-    for i in range(B):
+    for i in range(len(prompts)):
         n = int(lengths[i])
         samples.append(Sample(
             prompt_ids=tuple(prompts[i]),
             token_ids=tuple(tokens[i, :n].tolist()),
             logprobs=tuple(logps[i, :n].tolist()),
             finish=StopReason.EOS if bool(finished[i]) else StopReason.LENGTH,
-            policy_version=policy.version,
+            policy_version=switches[0][1],
             kept=tuple(kept[i, :n].tolist()) if kept is not None else (),
+            token_versions=expand_versions(switches, n) if len(switches) > 1 else (),
         ))
     return samples
 

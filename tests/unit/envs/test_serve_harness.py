@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -54,6 +55,23 @@ def test_chat_with_tools_returns_sampled_ids_logprobs_and_version(server, policy
     assert all(lp <= 0 for lp in turn.action_logprobs) and r.usage.completion_tokens == len(ids)
     rendered = policy.tokenizer.decode(r.prompt_token_ids)
     assert "<tools>" in rendered and '"calculator"' in rendered  # the tools went through the family template
+    # the returned ids are what the model sampled: a full forward pass over prompt + ids gives the same log-probs
+    full = torch.tensor([r.prompt_token_ids + ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(policy.model(full).logits[0].float(), -1)
+    start = len(r.prompt_token_ids) - 1
+    recomputed = [logp[start + i, t].item() for i, t in enumerate(ids)]
+    assert recomputed == pytest.approx([t.logprob for t in choice.logprobs.content], abs=1e-3)
+
+
+def test_binds_loopback_by_default_and_a_config_off_loopback_needs_a_token(server):
+    from tether.config import ConfigError, load_config
+
+    assert server.host == "127.0.0.1" and server.base_url.startswith("http://127.0.0.1:")
+    assert load_config(None, []).harness.host == "127.0.0.1" and HarnessRollout(["x"], RewardConfig()).host == "127.0.0.1"
+    with pytest.raises(ConfigError, match=r"harness.host='0.0.0.0' is not loopback: set harness.token"):
+        load_config(None, ["harness.host=0.0.0.0", "harness.command=[agent]"])
+    assert load_config(None, ["harness.host=0.0.0.0", "harness.token=s3cret"]).harness.token == "s3cret"
 
 
 def test_a_truncated_request_records_its_sampling_mask_on_the_turn(server, policy):

@@ -118,11 +118,13 @@ def test_sft_then_rl_then_reload(family, family_dirs, tmp_path):
     _, sft = run_sft(sft_cfg, tmp_path / "sft")
     assert sft["steps"] == 3 and sft["final_loss"] == sft["final_loss"]  # finite
     rl_cfg = load_config(None, common + [f"model.path={sft['final_model']}", "train.steps=2", "rollout.n=2",
-                                         "rollout.problems_per_step=2", "train.share_prefix='on'", "train.lr=1e-4"])
+                                         "rollout.problems_per_step=2", "train.share_prefix='on'", "train.lr=1e-4",
+                                         "rollout.on_drift=fail"])
     summary = run_rl(rl_cfg, tmp_path / "rl")
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "pg_loss" in r]
     assert [r["step"] for r in trained] == [1, 2] and all(r["pg_loss"] == r["pg_loss"] for r in trained)
+    assert all(r["rollout/tokenization_drift_count"] == 0 for r in trained)  # sampled multi-turn episodes: no drift
     assert summary["steps"] == 2
     ckpt = find_latest_checkpoint(tmp_path / "rl")
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), local_files_only=True)

@@ -109,6 +109,9 @@ class HarnessRollout:
     kind: str = "agent harness"
     max_error_rate: float = 1.0  # env.max_error_rate: more failed agent runs in one call stop the run
     multi_turn: bool = False  # the task's problems are single-turn prompts; the agent owns its context
+    # an in-process agent instead of `command`: agent(task, base_url, api_key, episode_id, timeout_s) -> EpisodeResult
+    # (tether.envs.verifiers_env runs a verifiers environment's own rollout loop this way)
+    agent: Callable[..., EpisodeResult] | None = None
 
     def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: Any, cfg: Any, what: str) -> list:
         """As a single-turn task: the prompt must fit the context (data.on_overlong)."""
@@ -134,9 +137,10 @@ class HarnessRollout:
             sampling = sampling.model_copy(update={"temperature": 1e-4})  # the agent's own temperature rules
         jobs = [(p, f"{p.get('id', g)}-{j}-{uuid.uuid4().hex[:8]}") for g, p in enumerate(problems) for j in range(n)]
         with RolloutServer(policy, sampling, self.host, token=self.token, seed=seed) as server:
+            play = self.agent or (lambda *a: run_agent(self.command, *a))
             with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-                results = list(pool.map(lambda job: run_agent(self.command, job[0], server.episode_url(job[1]),
-                                                              server.api_key, job[1], self.timeout_s), jobs))
+                results = list(pool.map(lambda job: play(job[0], server.episode_url(job[1]), server.api_key, job[1],
+                                                         self.timeout_s), jobs))
             turns = [server.pop_episode(eid) for _, eid in jobs]
             mismatches = server.template_mismatches
         t_agents = time.perf_counter() - t0

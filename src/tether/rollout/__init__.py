@@ -65,6 +65,11 @@ def make_rollout(cfg: Any) -> Rollout:
 
         return HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
                               max_error_rate=cfg.env.max_error_rate)
+    if cfg.data.task == "verifiers":  # a verifiers Environment runs its own loop against the endpoint
+        from tether.envs.verifiers_env import make_verifiers_rollout
+
+        if (vf := make_verifiers_rollout(cfg)) is not None:
+            return vf
     if is_episode_task(cfg.data.task):
         from tether.rollout.episodes import EpisodeRollout
 

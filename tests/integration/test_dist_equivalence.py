@@ -88,3 +88,17 @@ def test_two_fsdp2_trainer_ranks_follow_sync(tmp_path, sync_run):
     for i, s in want_o["state"].items():
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(optim["state"][i][k], s[k], atol=1e-7, rtol=1e-3), (i, k)
+
+
+def test_lora_async_is_bit_identical_to_lora_sync(tmp_path):
+    """Rollout workers inject the trainer's adapters and receive only adapter weights after each step."""
+    lora = BASE + ["model.lora={r: 4, alpha: 8}"]
+    run_rl(load_config(None, lora), tmp_path / "sync")
+    summary = run_rl_async(load_config(None, lora + ["dist.rollout_workers=1"]), tmp_path / "async")
+    sync, got = rows(tmp_path / "sync"), rows(tmp_path / "async")
+    assert sorted(got) == sorted(sync) == [1, 2, 3] and summary["dist_counters"]["sync/failures"] == 0
+    for step, want in sync.items():
+        for k in ("pg_loss", "grad_norm", "entropy", "reward/mean", "optimizer_steps"):
+            assert got[step][k] == want[k], (step, k)
+        assert got[step]["sync/probe_gap"] < 1e-5
+    assert any(abs(r["pg_loss"]) > 0 for r in got.values())

@@ -123,12 +123,16 @@ def test_reset_every_with_lora_is_refused():
         load_config(None, RL + ["algo.kl.reset_every=2"])
 
 
-def test_lora_with_the_async_recipe_is_refused_with_the_fix():
+@pytest.mark.parametrize("override, match", [
+    (["dist.backend=vllm", "dist.placement.rollout.gpus=1"], "model.lora cannot be combined with dist.backend=vllm"),
+    (["dist.cross_policy.pool_size=2", "dist.correction=tis"], "model.lora cannot be combined with dist.cross_policy"),
+    (["dist.trainer_workers=2", "dist.trainer_sharding=fsdp2"], "model.lora cannot be combined with dist.trainer_sharding"),
+])
+def test_lora_async_combinations_that_are_not_wired_are_refused(override, match):
     from tether.config import ConfigError
-    from tether.recipes.rl_async import prepare_async_config
 
-    with pytest.raises(ConfigError, match="model.lora is not wired into Ray rollout workers.*tether train"):
-        prepare_async_config(load_config(None, RL + ["train.steps=1"]))
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, RL + override)
 
 
 def test_stage_recipes_save_a_lora_policy_as_an_adapter_that_loads_merged(tmp_path):

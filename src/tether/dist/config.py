@@ -163,6 +163,12 @@ def find_dist_problems(cfg: Any) -> list[str]:
                            "would make them diverge: use dist.trainer_workers=1 or drop the setting")
     if d.trainer_sharding == "fsdp2":
         out.extend(find_fsdp2_problems(cfg))
+    if cfg.model.lora is not None:
+        for bad, why in ((d.backend == "vllm", "dist.backend=vllm (its LoRA path is not wired)"),
+                         (d.cross_policy.pool_size > 0, "dist.cross_policy (the pool keeps full weights)"),
+                         (d.trainer_sharding == "fsdp2", "dist.trainer_sharding=fsdp2")):
+            if bad:
+                out.append(f"model.lora cannot be combined with {why}: drop one of the two")
     if d.ray_address is not None and d.num_cpus is not None:
         out.append("dist.num_cpus sizes a local Ray instance; it does nothing with dist.ray_address (a running cluster)")
     return out

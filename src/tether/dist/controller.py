@@ -37,7 +37,7 @@ import torch
 
 from tether.dist.cluster import compute_bundles, make_actor_options, make_placement_group
 from tether.dist.staleness import compute_admissible_batches, compute_lags, compute_staleness_metrics
-from tether.dist.weights import compute_checksum, make_model_bundle, to_numpy_state
+from tether.dist.weights import compute_checksum, make_model_bundle, make_publish_state, to_numpy_state
 from tether.dist.worker import Order, RolloutWorker, StaleWorkerError, merge_metrics
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class AsyncRollouts:
     def _publish(self, st: Any) -> None:
         import ray
 
-        arrays = to_numpy_state(st.policy.model.state_dict())
+        arrays = to_numpy_state(make_publish_state(st.policy.model))  # LoRA: the adapters only
         self._weights = (int(st.policy.version), ray.put(arrays), compute_checksum(arrays))
         from tether.policy.hf import compute_logprobs
 

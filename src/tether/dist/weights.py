@@ -72,7 +72,29 @@ def make_model_bundle(policy: Any) -> dict[str, Any]:
         files = {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
     dtype = next(policy.model.parameters()).dtype
     return {"files": files, "dtype": str(dtype).removeprefix("torch."), "arrays": to_numpy_state(policy.model.state_dict()),
-            "version": int(policy.version), "autocast_bf16": bool(policy.autocast_bf16)}
+            "version": int(policy.version), "autocast_bf16": bool(policy.autocast_bf16),
+            "lora": _lora_spec(policy.model)}
+
+
+def _lora_spec(model: torch.nn.Module) -> dict[str, Any] | None:
+    """The LoRA shape of an injected model (tether.policy.lora), for a worker to inject the same."""
+    from tether.policy.lora import peft_of
+
+    wrapped = peft_of(model)
+    if wrapped is None:
+        return None
+    c = wrapped.peft_config["default"]
+    targets = c.target_modules if isinstance(c.target_modules, str) else sorted(c.target_modules)
+    return {"r": c.r, "alpha": c.lora_alpha, "dropout": c.lora_dropout, "target_modules": targets}
+
+
+def make_publish_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a weight sync sends: the whole state dict, or of a LoRA model only its adapter weights
+    (the frozen base reached the workers once, in the bundle)."""
+    from tether.policy.lora import is_lora
+
+    state = model.state_dict()
+    return {k: v for k, v in state.items() if "lora_" in k} if is_lora(model) else state
 
 
 def write_bundle_files(bundle: Mapping[str, Any], directory: str | Path) -> Path:
@@ -101,6 +123,12 @@ def build_policy_from_bundle(bundle: Mapping[str, Any], device: str = "cpu"):
             model.generation_config = GenerationConfig.from_pretrained(d, local_files_only=True)
         except OSError:  # no generation_config.json in the bundle
             pass
+    if bundle.get("lora"):  # the trainer's LoRA shape, so that its adapter weights load by name
+        from types import SimpleNamespace
+
+        from tether.policy.lora import apply_lora
+
+        model = apply_lora(model, SimpleNamespace(**bundle["lora"]))
     model.load_state_dict(from_numpy_state(bundle["arrays"]), strict=True)
     model.eval()
     policy = make_policy(model, tokenizer, device=device, autocast_bf16=bundle["autocast_bf16"])
@@ -109,4 +137,4 @@ def build_policy_from_bundle(bundle: Mapping[str, Any], device: str = "cpu"):
 
 
 __all__ = ["build_policy_from_bundle", "compute_checksum", "compute_state_checksum", "from_numpy_state",
-           "make_model_bundle", "to_numpy_state", "write_bundle_files"]
+           "make_model_bundle", "make_publish_state", "to_numpy_state", "write_bundle_files"]

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tether.dist.weights import compute_checksum, from_numpy_state, to_numpy_state
+from tether.dist.weights import compute_checksum, from_numpy_state, make_publish_state, to_numpy_state
 
 
 class StaleWorkerError(RuntimeError):
@@ -146,9 +146,14 @@ class RolloutWorker:
     def _load(self, arrays: Mapping[str, Any]) -> str:
         if hasattr(self.policy, "load_weights"):  # the vLLM engine loads in place and reports its checksum
             return self.policy.load_weights(arrays)
+        model = self.policy.model
         with torch.no_grad():
-            self.policy.model.load_state_dict(from_numpy_state(arrays, self.policy.device), strict=True)
-        return compute_checksum(to_numpy_state(self.policy.model.state_dict()))
+            _, unexpected = model.load_state_dict(from_numpy_state(arrays, self.policy.device), strict=False)
+        held = make_publish_state(model)  # everything, or a LoRA model's adapters: exactly what must arrive
+        if unexpected or set(arrays) != set(held):
+            raise ValueError(f"the weights sent do not fit this model: {len(arrays)} tensors for {len(held)} expected, "
+                             f"unexpected {list(unexpected)[:3]}, missing {sorted(set(held) - set(arrays))[:3]}")
+        return compute_checksum(to_numpy_state(held))
 
     def score_probe(self, ids: Sequence[int]) -> list[float]:
         """Per-token log-probs (T = 1, no filters) of the probe sequence under the rollout engine."""

@@ -62,6 +62,31 @@ def test_a_bad_checksum_keeps_the_old_version_and_orders_are_refused(tiny):
     assert len(res["groups"]) == 2 and all(t.turns[0].policy_version == 0 for g in res["groups"] for t in g.trajectories)
 
 
+def test_lora_worker_gets_the_adapter_shape_once_and_only_adapter_weights_after(tiny):
+    from tether.config import LoraConfig
+    from tether.dist.weights import make_publish_state
+    from tether.policy.lora import apply_lora
+
+    cfg, _, policy = tiny
+    trainer = _trainer_copy(policy)
+    apply_lora(trainer.model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
+    assert torch.allclose(torch.tensor(w.score_probe(PROBE)), _probe(trainer), atol=1e-6)
+    with torch.no_grad():  # a training step: only the adapters move
+        for n, p in trainer.model.named_parameters():
+            if p.requires_grad:
+                p.add_(0.2 * torch.randn_like(p))
+    sent = make_publish_state(trainer.model)
+    assert sent and all("lora_" in k for k in sent) and len(sent) < len(trainer.model.state_dict()) / 2
+    arrays = to_numpy_state(sent)
+    ack = w.load_weights(1, arrays, compute_checksum(arrays), PROBE)
+    assert ack["ok"] and ack["version"] == 1
+    assert (torch.tensor(ack["probe_logprobs"]) - _probe(trainer)).abs().max() < 1e-5  # the adapters took effect
+    full = to_numpy_state(trainer.model.state_dict())  # more than the adapters: refused, the version stays
+    ack = w.load_weights(2, full, compute_checksum(full), PROBE)
+    assert not ack["ok"] and ack["version"] == 1 and "do not fit" in ack["error"]
+
+
 def test_cross_policy_log_probs_come_from_the_policy_that_acted(tiny, tiny_overrides):
     _, train, policy = tiny
     cfg = load_config(None, tiny_overrides + ["dist.cross_policy.pool_size=1", "dist.cross_policy.rule=uniform",

@@ -176,6 +176,21 @@ def test_harness_runs_a_black_box_agent_and_trains_on_its_sampled_tokens(policy,
     assert m["harness/error_rate"] == 0.5 and m["harness/calls_mean"] == 1.0
 
 
+def test_the_shipped_agent_plays_one_episode(server, policy):
+    """configs/agents/complete_agent.py (the harness benchmark's agent) against the endpoint."""
+    from pathlib import Path
+
+    from tether.envs.harness import run_agent
+    from tether.policy.chat import decode_completion
+
+    agent = Path(__file__).resolve().parents[3] / "configs" / "agents" / "complete_agent.py"
+    res = run_agent([sys.executable, str(agent)], {"prompt": "12+30=", "answer": "42"}, server.episode_url("shipped"),
+                    server.api_key, "shipped", 60)
+    assert res.outcome is Outcome.OK and res.error == "", res.error
+    (turn,) = server.pop_episode("shipped")
+    assert res.answer == decode_completion(policy.tokenizer, turn.action_ids, policy.stop_ids)
+
+
 def test_agent_output_protocol():
     assert parse_agent_output('log\n{"reward": 0.5}\n') == (0.5, None)
     assert parse_agent_output('{"answer": 42}') == (None, "42")

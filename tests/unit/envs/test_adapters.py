@@ -1,6 +1,8 @@
-"""The OpenEnv adapter (an OpenEnv-style HTTP server started here on loopback; tether drives
-reset/step over HTTP) and the verifiers adapter (a verifiers-style environment defined in
-vf_env_stub.py, its rubric as the reward), each driven directly and trained end to end."""
+"""The OpenEnv adapter (a server started here on loopback that speaks openenv-core 0.3.0's
+protocol: WebSocket sessions at /ws, one environment per connection as HTTPEnvServer keeps them,
+and the REST reset/step with a session per episode_id) and the classic verifiers adapter (a
+verifiers-style object defined in vf_env_stub.py, its rubric as the reward), each driven
+directly and trained end to end."""
 
 from __future__ import annotations
 
@@ -48,6 +50,36 @@ def _openenv_app(log: list):
     async def health():
         return {"status": "healthy"}
 
+    @app.websocket("/ws")
+    async def ws(websocket: fastapi.WebSocket):
+        """openenv-core's session protocol: the environment lives as long as the connection."""
+        await websocket.accept()
+        env: dict = {}
+        session = f"ws-{len(log)}-{id(env)}"
+        try:
+            while True:
+                msg = json.loads(await websocket.receive_text())
+                if msg["type"] == "close":
+                    break
+                if msg["type"] == "reset":
+                    env.update(letter="aeiou"[int(msg["data"].get("seed") or 0) % 5], steps=0)
+                    log.append(("ws-reset", session))
+                    data = {"observation": {"prompt": f"Write a word with the letter {env['letter']}."}, "reward": None,
+                            "done": False}
+                elif msg["type"] == "step" and "letter" in env:
+                    env["steps"] += 1
+                    log.append(("ws-step", session, msg["data"]["message"]))
+                    data = {"observation": {"prompt": "Another one."}, "done": env["steps"] >= 2,
+                            "reward": 1.0 if env["letter"] in msg["data"]["message"] else 0.0}
+                else:
+                    await websocket.send_text(json.dumps({"type": "error", "data": {"message": "step before reset",
+                                                                                    "code": "SESSION_ERROR"}}))
+                    continue
+                await websocket.send_text(json.dumps({"type": "observation", "data": data}))
+        except fastapi.WebSocketDisconnect:
+            pass
+        log.append(("ws-closed", session))
+
     return app
 
 
@@ -73,9 +105,26 @@ def model_dir(tmp_path_factory):
     return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, hidden_size=32, intermediate_size=64)
 
 
+def test_openenv_episode_over_a_websocket_session(openenv_server):
+    url, log = openenv_server
+    task = make_problems("openenv", 1, 0, {"url": url, "observation_key": "prompt"})[0]  # transport: ws (default)
+    env = make_env(task)
+    first = env.reset()
+    letter = first.messages[-1].content.split()[-1].rstrip(".")
+    assert first.messages[-1].content.startswith("Write a word with the letter ")
+    r1 = env.step(Action(text=f"x{letter}x"))
+    assert r1.reward == 1.0 and not r1.done and r1.observation.messages[0].content == "Another one."
+    r2 = env.step(Action(text="zzz"))
+    assert r2.done and r2.reward == 0.0 and r2.info == {"correct": False}
+    mine = [e for e in log if e[0].startswith("ws-")][-4:]
+    assert [e[0] for e in mine] == ["ws-reset", "ws-step", "ws-step", "ws-closed"] and len({e[1] for e in mine}) == 1
+    with pytest.raises(OpenEnvError, match="step before reset"):  # an error answer names the call
+        make_env(task).step(Action(text="a"))
+
+
 def test_openenv_episode_over_http(openenv_server):
     url, log = openenv_server
-    task = make_problems("openenv", 1, 0, {"url": url, "observation_key": "prompt"})[0]
+    task = make_problems("openenv", 1, 0, {"url": url, "observation_key": "prompt", "transport": "http"})[0]
     env = make_env(task)
     first = env.reset()
     assert first.messages[-1].content.startswith("Write a word with the letter ")
@@ -85,7 +134,7 @@ def test_openenv_episode_over_http(openenv_server):
     r2 = env.step(Action(text="zzz"))
     assert r2.done and r2.reward == 0.0 and r2.info == {"correct": False}
     assert [e[0] for e in log[-3:]] == ["reset", "step", "step"] and len({e[1] for e in log[-3:]}) == 1
-    plain = make_env(make_problems("openenv", 1, 0, {"url": url})[0]).reset()  # no observation_key: JSON, metadata hidden
+    plain = make_env(make_problems("openenv", 1, 0, {"url": url, "transport": "http"})[0]).reset()  # JSON, no metadata
     assert json.loads(plain.messages[-1].content) == {"prompt": f"Write a word with the letter {letter}."}
 
 
@@ -98,6 +147,10 @@ def test_openenv_unreachable_names_the_call():
         call_openenv(f"http://127.0.0.1:{port}", "/reset", {}, timeout_s=5)
     with pytest.raises(ValueError, match="needs data.task_kwargs.url"):
         make_problems("openenv", 1, 0, {})
+    with pytest.raises(ValueError, match="transport='grpc': use ws"):
+        make_problems("openenv", 1, 0, {"url": "http://127.0.0.1:1", "transport": "grpc"})
+    with pytest.raises(OpenEnvError, match=rf"OpenEnv ws://127.0.0.1:{port}/ws: "):
+        make_env(make_problems("openenv", 1, 0, {"url": f"http://127.0.0.1:{port}", "timeout_s": 5})[0]).reset()
 
 
 def test_verifiers_env_multi_turn_and_rubric():
@@ -134,7 +187,9 @@ def test_openenv_trains_end_to_end(openenv_server, model_dir, tmp_path):
     summary, trained = _train(model_dir, tmp_path, "openenv", {"url": url, "observation_key": "prompt"})
     assert summary["steps"] == 2 and [r["step"] for r in trained] == [1, 2]
     assert all(r["env/turns_mean"] == 2.0 and r["env/stop/done"] == 1.0 for r in trained)
-    assert sum(e[0] == "reset" for e in log[before:]) >= 8  # 2 steps x 2 problems x 2 rollouts (+ eval)
+    events = log[before:]  # a session is logged closed before the server's close frame ends the client's close()
+    assert sum(e[0] == "ws-reset" for e in events) >= 8  # 2 steps x 2 problems x 2 rollouts (+ eval), one session each
+    assert sum(e[0] == "ws-closed" for e in events) == sum(e[0] == "ws-reset" for e in events)  # every session closed
 
 
 @pytest.mark.slow

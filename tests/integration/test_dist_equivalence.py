@@ -102,3 +102,15 @@ def test_lora_async_is_bit_identical_to_lora_sync(tmp_path):
             assert got[step][k] == want[k], (step, k)
         assert got[step]["sync/probe_gap"] < 1e-5
     assert any(abs(r["pg_loss"]) > 0 for r in got.values())
+
+
+def test_inflight_async_run_completes_with_synced_workers(tmp_path):
+    """dist.inflight: threaded rollout actors take published weights mid-generation (whether a
+    switch lands inside a generation depends on timing; tests/unit/dist/test_dist_worker.py pins one)."""
+    over = ["dist.rollout_workers=1", "dist.inflight=true", "dist.max_staleness=1", "dist.correction=tis",
+            "algo.correction.mode=truncate", "rollout.sampling.max_new_tokens=12"]
+    summary = run_rl_async(load_config(None, BASE + over), tmp_path)
+    got = rows(tmp_path)
+    assert sorted(got) == [1, 2, 3] and summary["dist_counters"]["sync/failures"] == 0
+    assert all(r["sync/probe_gap"] < 1e-4 for r in got.values() if "sync/probe_gap" in r)
+    assert all(math.isfinite(r["pg_loss"]) for r in got.values())

@@ -128,7 +128,10 @@ class AsyncRollouts:
         index, self._ids = self._ids, self._ids + 1
         res = self.d.placement.rollout
         device = "cuda" if res.gpus > 0 else "cpu"
-        handle = ray.remote(RolloutWorker).options(**make_actor_options(self.pg, bundle, res)).remote(
+        opts = make_actor_options(self.pg, bundle, res)
+        if self.d.inflight:  # load_weights runs beside run_order and feeds its decode loop (tether.dist.worker)
+            opts["max_concurrency"] = 3
+        handle = ray.remote(RolloutWorker).options(**opts).remote(
             index, self.bundle_ref, self.cfg, self.cfg.run.seed + 7919 * (index + 1), device, self.train_ref,
             max(1, int(res.cpus)))
         slot = self.slots[index] = _Slot(index, bundle, handle)

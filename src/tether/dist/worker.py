@@ -17,6 +17,7 @@ its own (dist.sync.probe_tol). An order names the oldest version allowed to serv
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -110,6 +111,12 @@ class RolloutWorker:
         self.pool = PolicyPool(cfg.dist.cross_policy, self.policy, seed + 1)
         self.broker = None  # partial rollouts (tether.dist.partial), created on first use
         self.orders = 0
+        self._order_lock = threading.Lock()  # dist.inflight: the actor runs weights beside an order
+        self.inflight_switches = 0
+        if cfg.dist.inflight:
+            from tether.policy.inflight import WeightFeed
+
+            self.policy.weight_feed = WeightFeed()
 
     @staticmethod
     def _build_policy(bundle, cfg, device):
@@ -129,7 +136,7 @@ class RolloutWorker:
         t0 = time.perf_counter()
         old_version, old_arrays = self.policy.version, self.arrays
         try:
-            got = self._load(arrays)
+            got = self._load_now_or_in_flight(version, arrays)
         except Exception as err:  # a failed load is reported, not fatal: the version stays old
             return {"ok": False, "worker": self.index, "version": old_version, "error": f"{type(err).__name__}: {err}"}
         if got != checksum:
@@ -146,14 +153,39 @@ class RolloutWorker:
     def _load(self, arrays: Mapping[str, Any]) -> str:
         if hasattr(self.policy, "load_weights"):  # the vLLM engine loads in place and reports its checksum
             return self.policy.load_weights(arrays)
-        model = self.policy.model
         with torch.no_grad():
-            _, unexpected = model.load_state_dict(from_numpy_state(arrays, self.policy.device), strict=False)
-        held = make_publish_state(model)  # everything, or a LoRA model's adapters: exactly what must arrive
+            _, unexpected = self.policy.model.load_state_dict(from_numpy_state(arrays, self.policy.device), strict=False)
+        return self._held_checksum(arrays, unexpected)
+
+    def _held_checksum(self, arrays: Mapping[str, Any], unexpected=()) -> str:
+        held = make_publish_state(self.policy.model)  # everything, or a LoRA model's adapters: exactly what arrives
         if unexpected or set(arrays) != set(held):
             raise ValueError(f"the weights sent do not fit this model: {len(arrays)} tensors for {len(held)} expected, "
                              f"unexpected {list(unexpected)[:3]}, missing {sorted(set(held) - set(arrays))[:3]}")
         return compute_checksum(to_numpy_state(held))
+
+    def _load_now_or_in_flight(self, version: int, arrays: Mapping[str, Any]) -> str:
+        """Load now; with dist.inflight while an order generates, hand the weights to its decode
+        loop (tether.policy.inflight) and return once it switched (or the order ended first)."""
+        feed = getattr(self.policy, "weight_feed", None)
+        if feed is None:
+            return self._load(arrays)
+        if self._order_lock.acquire(blocking=False):
+            try:
+                return self._load(arrays)
+            finally:
+                self._order_lock.release()
+        feed.offer(version, from_numpy_state(arrays, self.policy.device))
+        while self.policy.version != version:
+            if self._order_lock.acquire(timeout=0.05):
+                try:
+                    if feed.take() is not None:  # the order ended before its next decode step: load here
+                        return self._load(arrays)
+                finally:
+                    self._order_lock.release()
+                break  # the decode loop took it just before the order ended
+        self.inflight_switches += 1
+        return self._held_checksum(arrays)
 
     def score_probe(self, ids: Sequence[int]) -> list[float]:
         """Per-token log-probs (T = 1, no filters) of the probe sequence under the rollout engine."""
@@ -170,9 +202,13 @@ class RolloutWorker:
 
     def run_order(self, order: Order) -> dict[str, Any]:
         """Groups and metrics for `order` (see Order); refuses when its weights are too old."""
-        if self.policy.version < order.min_version:
-            raise StaleWorkerError(f"worker {self.index} holds version {self.policy.version}, order for batch "
-                                   f"{order.batch_version} needs >= {order.min_version}")
+        with self._order_lock:  # one order at a time, also in a threaded actor (dist.inflight)
+            if self.policy.version < order.min_version:
+                raise StaleWorkerError(f"worker {self.index} holds version {self.policy.version}, order for batch "
+                                       f"{order.batch_version} needs >= {order.min_version}")
+            return self._run_order(order)
+
+    def _run_order(self, order: Order) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.orders += 1
         acting = self.pool.acting_policy(self.pool.draw_version())

@@ -15,7 +15,7 @@ The cost is one prefill per switch. Each Sample records the version of every tok
 (`Sample.token_versions`, set when a switch happened inside it; `policy_version` stays the
 version it started with, the oldest, for staleness accounting).
 
-Not wired yet: Ray rollout workers still load weights between orders (docs/distributed.md).
+In `train-async`, `dist.inflight: true` puts a feed on every rollout worker (tether.dist.worker).
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ def switch_weights(policy: Any, update: tuple[int, Mapping[str, torch.Tensor]], 
 
     version, state = update
     model = policy.model
-    with torch.no_grad():
-        model.load_state_dict(state, strict=True)
+    with torch.no_grad():  # a partial state (LoRA: the adapters) keeps the rest; a foreign name is an error
+        _, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"in-flight weights do not fit the model: unexpected {list(unexpected)[:3]}")
     policy.version = version
     cache = _make_decode_cache(model, seq_ids.shape[1] if lean_ok else capacity)
     pos = (seq_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -87,6 +87,49 @@ def test_lora_worker_gets_the_adapter_shape_once_and_only_adapter_weights_after(
     assert not ack["ok"] and ack["version"] == 1 and "do not fit" in ack["error"]
 
 
+def test_inflight_weights_reach_a_running_order_between_decode_steps(tiny, tiny_overrides):
+    """dist.inflight: load_weights (another actor thread) hands the weights to the running order's
+    decode loop and acks once it switched; the decode loop here waits at its 3rd step for the offer,
+    so the switch lands mid-generation deterministically."""
+    import threading
+
+    from tether.policy.inflight import WeightFeed
+
+    cfg = load_config(None, tiny_overrides + ["dist.inflight=true", "dist.max_staleness=1", "dist.correction=tis",
+                                              "algo.correction.mode=truncate", "rollout.sampling.max_new_tokens=8"])
+    _, train, policy = tiny
+    trainer = _trainer_copy(policy)
+    w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
+    offered = threading.Event()
+
+    class WaitAtThirdStep(WeightFeed):
+        polls = 0
+
+        def offer(self, version, state):
+            super().offer(version, state)
+            offered.set()
+
+        def take(self):
+            self.polls += 1
+            if self.polls == 3:
+                assert offered.wait(120), "load_weights never offered"
+            return super().take()
+
+    w.policy.weight_feed = WaitAtThirdStep()
+    arrays, checksum = _train_step(trainer, 1)
+    out = {}
+    order = threading.Thread(target=lambda: out.update(res=w.run_order(Order(1, 0, train[:2], cfg, 0, meta={"per_round": 2}))))
+    order.start()
+    while not w._order_lock.locked() and order.is_alive():  # wait for the order to hold the worker
+        order.join(0.01)
+    ack = w.load_weights(1, arrays, checksum, PROBE)
+    order.join(120)
+    assert ack["ok"] and ack["version"] == 1 and w.inflight_switches == 1  # adopted by the decode loop, not after
+    assert (torch.tensor(ack["probe_logprobs"]) - _probe(trainer)).abs().max() < 1e-5
+    assert w.policy.weight_feed.polls > 3 and out["res"]["version"] == 1  # the order went on with version 1
+    assert all(t.turns[0].policy_version == 0 for g in out["res"]["groups"] for t in g.trajectories)  # started at 0
+
+
 def test_cross_policy_log_probs_come_from_the_policy_that_acted(tiny, tiny_overrides):
     _, train, policy = tiny
     cfg = load_config(None, tiny_overrides + ["dist.cross_policy.pool_size=1", "dist.cross_policy.rule=uniform",

@@ -114,3 +114,4 @@ def test_inflight_async_run_completes_with_synced_workers(tmp_path):
     assert sorted(got) == [1, 2, 3] and summary["dist_counters"]["sync/failures"] == 0
     assert all(r["sync/probe_gap"] < 1e-4 for r in got.values() if "sync/probe_gap" in r)
     assert all(math.isfinite(r["pg_loss"]) for r in got.values())
+    assert all(r["rollout/inflight_switch_count"] >= 0 for r in got.values())  # the workers carry a weight feed

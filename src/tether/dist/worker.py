@@ -209,7 +209,7 @@ class RolloutWorker:
             return self._run_order(order)
 
     def _run_order(self, order: Order) -> dict[str, Any]:
-        t0 = time.perf_counter()
+        t0, v0 = time.perf_counter(), self.policy.version
         self.orders += 1
         acting = self.pool.acting_policy(self.pool.draw_version())
         if order.generator_state is not None:
@@ -218,6 +218,8 @@ class RolloutWorker:
             groups, metrics, extra = self._run_partial(order, acting)
         else:
             groups, metrics, extra = self._run_collect(order, acting)
+        if getattr(self.policy, "weight_feed", None) is not None:  # versions adopted mid-generation (dist.inflight)
+            metrics["rollout/inflight_switch_count"] = float(self.policy.version - v0)
         return {"groups": groups, "metrics": metrics, "worker": self.index, "version": int(self.policy.version),
                 "acting_version": int(acting.version), "seconds": time.perf_counter() - t0, "pid": os.getpid(),
                 "generator_state": self.generator.get_state() if order.generator_state is not None else None, **extra}

@@ -127,6 +127,7 @@ def test_inflight_weights_reach_a_running_order_between_decode_steps(tiny, tiny_
     assert ack["ok"] and ack["version"] == 1 and w.inflight_switches == 1  # adopted by the decode loop, not after
     assert (torch.tensor(ack["probe_logprobs"]) - _probe(trainer)).abs().max() < 1e-5
     assert w.policy.weight_feed.polls > 3 and out["res"]["version"] == 1  # the order went on with version 1
+    assert out["res"]["metrics"]["rollout/inflight_switch_count"] == 1.0
     assert all(t.turns[0].policy_version == 0 for g in out["res"]["groups"] for t in g.trajectories)  # started at 0
 
 

@@ -7,8 +7,9 @@ Parts, each reported as {"status": "pass" | "fail" | "skipped", ...figures} in t
   vllm    benchmarks/vllm_check.py in a subprocess: vLLM with a random-init Qwen2 built locally,
           its log-prob self-test at several (temperature, top-k, top-p), the rollout/trainer
           log-prob gap, an in-place weight update with checksum, three RL steps with vLLM rollouts;
-  fsdp2   one FSDP2 (`fully_shard`) training step at world size 1 on NCCL: loss finite, weights moved,
-          equal to the same step without sharding;
+  fsdp2   one tether update through tether.dist.fsdp (FSDP2, `fully_shard`) at world size 1 on NCCL:
+          loss finite, weights moved, equal to the same update unsharded (on a CPU the same code
+          runs in tests/unit/test_gpu_check.py with gloo);
   lora    three LoRA RL steps from the config (tether train with model.lora) on the GPU; on a CPU
           this part runs on the CPU (it is CPU-safe) so the script checks something everywhere.
 Without CUDA the GPU parts are skipped with a message saying so, and the exit code is 0 when every
@@ -65,42 +66,73 @@ def part_vllm(out_dir: Path, budget_s: float) -> dict:
 
 
 def part_fsdp2() -> dict:
-    """fully_shard at world size 1 (NCCL): one AdamW step equals the unsharded step."""
+    """tether's FSDP2 path at world size 1 on NCCL (see run_fsdp2_step)."""
     if not has_cuda():
         return {"status": "skipped", "message": NO_GPU}
+    return run_fsdp2_step("cuda", "nccl")
+
+
+def _fsdp2_batch(vocab: int):
+    import torch
+
+    from tether.types import TrainBatch
+
+    g = torch.Generator().manual_seed(1)
+    B, T = 8, 16
+    ids = torch.randint(3, vocab, (B, T), generator=g)
+    lengths = torch.tensor([16, 12, 16, 9, 14, 16, 11, 13])
+    am = (torch.arange(T)[None] < lengths[:, None]).long()
+    loss = am.clone().float()
+    loss[:, :4] = 0
+    adv = torch.randn(B, generator=g)[:, None].expand(B, T) * loss
+    return TrainBatch(ids * am, am.bool(), loss, -2.0 * loss, adv.contiguous(), torch.arange(B) // 2, torch.arange(B))
+
+
+def run_fsdp2_step(device: str, backend: str) -> dict:
+    """One tether update (run_update, GRPO loss, 2 mini-batches) through tether.dist.fsdp at world
+    size 1 — shard_model, the scorer inside the root unit, ShardedDataParallel — equals the same
+    update unsharded. `run_fsdp2_step("cpu", "gloo")` is the CPU test of this part."""
     import copy
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
-    from tether.config import TinyModelConfig
+    from tether.config import TinyModelConfig, load_config
+    from tether.dist.fsdp import ShardedDataParallel, iter_full_state, shard_model
+    from tether.dist.trainer import find_free_port
+    from tether.optim import build_optimizer
+    from tether.policy.hf import make_policy
     from tether.policy.tiny import build_tiny_model, build_tokenizer
+    from tether.update import UpdateContext, run_update
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=0, world_size=1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     try:
-        tok = build_tokenizer(["abc cba", "hello olleh", "1+2=3"], 128)
-        plain = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
-                                 tok, Path(tempfile.mkdtemp()) / "m", seed=0).cuda()
-        sharded = copy.deepcopy(plain)
-        for layer in sharded.model.layers:
-            fully_shard(layer)
-        fully_shard(sharded)
-        ids = torch.randint(0, 100, (4, 16), device="cuda")
-        results = []
-        for m in (plain, sharded):
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True)
-            loss = m(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            results.append(float(loss))
-        full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in sharded.state_dict().items()}
-        diff = max(float((full[k].float() - v.float()).abs().max()) for k, v in plain.state_dict().items())
-        ok = all(map(torch.isfinite, map(torch.tensor, results))) and diff < 1e-5
-        return {"status": "pass" if ok else "fail", "loss_plain": results[0], "loss_fsdp2": results[1],
-                "max_weight_diff_after_step": diff}
+        tok = build_tokenizer(["abc cba", "hello olleh", "1+2=3", "12+30=42"], 128)
+        base = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
+                                tok, seed=0).to(device)
+        before = {k: v.detach().float().cpu().clone() for k, v in base.state_dict().items()}
+        cfg = load_config(None, ["algo.mini_batches=2", "train.micro_batch_tokens=64", "train.share_prefix='off'",
+                                 "train.lr=1e-3"])
+        batch, out = _fsdp2_batch(len(tok)), {}
+        for arm in ("plain", "fsdp2"):
+            model = copy.deepcopy(base)
+            model.train()
+            dp = ShardedDataParallel(0, 1, cfg.train.micro_batch_tokens) if arm == "fsdp2" else None
+            if dp is not None:
+                shard_model(model)
+            opt = build_optimizer(list(model.parameters()), cfg.train.lr)
+            ctx = UpdateContext(make_policy(model, tok, device=device), opt, cfg.algo, cfg.train,
+                                generator=torch.Generator().manual_seed(0), dp=dp)
+            m = run_update(ctx, batch)
+            out[arm] = ({k: v.float().cpu() for k, v in iter_full_state(model)}, m)
+        (plain, mp), (sharded, ms) = out["plain"], out["fsdp2"]
+        diff = max(float((sharded[k] - v).abs().max()) for k, v in plain.items())
+        moved = max(float((v - before[k]).abs().max()) for k, v in plain.items())
+        ok = plain.keys() == sharded.keys() and diff < 1e-5 and moved > 1e-5 and all(
+            torch.isfinite(torch.tensor([mp["pg_loss"], ms["pg_loss"], ms["grad_norm"]])))
+        return {"status": "pass" if ok else "fail", "device": device, "backend": backend, "pg_loss_plain": mp["pg_loss"],
+                "pg_loss_fsdp2": ms["pg_loss"], "grad_norm_plain": mp["grad_norm"], "grad_norm_fsdp2": ms["grad_norm"],
+                "max_weight_diff_after_update": diff, "max_weight_change": moved}
     finally:
         dist.destroy_process_group()
 

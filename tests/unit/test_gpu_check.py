@@ -49,3 +49,10 @@ def test_cpu_safe_lora_part_runs(tmp_path, monkeypatch):
     assert mod.main(["--out", str(out), "--only", "lora"]) == 0
     lora = json.loads(out.read_text())["parts"]["lora"]
     assert lora["status"] == "pass" and lora["device"] == "cpu" and len(lora["per_step"]) == 3
+
+
+def test_fsdp2_part_passes_on_cpu_with_gloo():
+    """The fsdp2 part's own code (tether's FSDP2 path at world size 1) on gloo: equal to unsharded."""
+    res = _load().run_fsdp2_step("cpu", "gloo")
+    assert res["status"] == "pass", res
+    assert res["max_weight_diff_after_update"] < 1e-5 < res["max_weight_change"]

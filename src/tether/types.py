@@ -109,12 +109,14 @@ class Turn:
     policy_version: int = 0
     info: Mapping[str, Any] = field(default_factory=dict)
     action_kept: tuple[int, ...] = ()  # the sampler's kept counts per action token (Sample.kept); () unfiltered
+    action_versions: tuple[int, ...] = ()  # per action token (Sample.token_versions, in-flight updates); () all policy_version
 
     def __post_init__(self) -> None:
-        if len(self.action_ids) != len(self.action_logprobs) or (self.action_kept and len(self.action_kept) != len(self.action_ids)):
-            raise ValueError(
-                f"Turn: {len(self.action_ids)} action ids but {len(self.action_logprobs)} logprobs"
-            )
+        n = len(self.action_ids)
+        if n != len(self.action_logprobs) or (self.action_kept and len(self.action_kept) != n) or (
+                self.action_versions and len(self.action_versions) != n):
+            raise ValueError(f"Turn: {n} action ids but {len(self.action_logprobs)} logprobs / {len(self.action_kept)} "
+                             f"kept counts / {len(self.action_versions)} versions")
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ def compute_lags(groups: Sequence[TrajectoryGroup], batch_version: int) -> tuple
 
 def compute_staleness_metrics(groups: Sequence[TrajectoryGroup], batch_version: int, max_bucket: int) -> dict[str, float]:
     """`staleness/mean|max`, the histogram `staleness/frac_lag_<k>` (k = 0..max_bucket; the last
-    bucket also counts larger lags), per-turn means, and the fraction of episodes whose turns
-    came from more than one policy version (`staleness/mixed_version_frac`)."""
+    bucket also counts larger lags), per-turn means, and the fraction of episodes whose tokens
+    came from more than one policy version (`staleness/mixed_version_frac`: turns of different
+    versions, or an in-flight update inside a turn, `Turn.action_versions`)."""
     traj, turns = compute_lags(groups, batch_version)
     n = max(len(traj), 1)
     out = {"staleness/mean": sum(traj) / n, "staleness/max": float(max(traj, default=0)),
@@ -53,7 +54,8 @@ def compute_staleness_metrics(groups: Sequence[TrajectoryGroup], batch_version: 
     hist = Counter(min(lag, max_bucket) for lag in traj)
     for k in range(max_bucket + 1):
         out[f"staleness/frac_lag_{k}"] = hist.get(k, 0) / n
-    mixed = [len({turn.policy_version for turn in t.turns}) > 1 for g in groups for t in g.trajectories if t.turns]
+    mixed = [len({v for turn in t.turns for v in (turn.policy_version, *turn.action_versions)}) > 1
+             for g in groups for t in g.trajectories if t.turns]
     out["staleness/mixed_version_frac"] = sum(mixed) / max(len(mixed), 1)
     return out
 

@@ -329,7 +329,7 @@ def _build_group(policy: HFPolicy, task: Mapping[str, Any], eps: list[_Episode],
         turns = tuple(
             Turn(context_ids=s.context_ids, action_ids=s.sample.token_ids, action_logprobs=s.sample.logprobs,
                  observation_ids=after[k] if k < len(after) else (), reward=r, finish=s.sample.finish,
-                 policy_version=s.sample.policy_version, action_kept=s.sample.kept,
+                 policy_version=s.sample.policy_version, action_kept=s.sample.kept, action_versions=s.sample.token_versions,
                  info={**s.info, "anchor": s.anchor, "env_reward": s.env_reward})
             for k, (s, r) in enumerate(zip(e.steps, turn_rewards))
         )

@@ -62,7 +62,8 @@ def run_rollouts(
             k = g * n + j
             s = samples[k]
             turn = Turn(context_ids=s.prompt_ids, action_ids=s.token_ids, action_logprobs=s.logprobs,
-                        finish=s.finish, policy_version=s.policy_version, action_kept=s.kept)
+                        finish=s.finish, policy_version=s.policy_version, action_kept=s.kept,
+                        action_versions=s.token_versions)
             trajs.append(Trajectory(task_id=str(problem.get("id", g)), turns=(turn,), reward=results[k],
                                     stop=s.finish, info={"text": texts[k]}))
         groups.append(TrajectoryGroup(task_id=str(problem.get("id", g)), trajectories=tuple(trajs), task=problem))

@@ -37,3 +37,13 @@ def test_staleness_of_the_oldest_turn_and_histogram():
     assert m["staleness/frac_lag_1"] == pytest.approx(0.75)  # the last bucket also counts larger lags
     assert m["staleness/mixed_version_frac"] == pytest.approx(0.25)
     assert add_to_histogram(Counter(), traj) == Counter({1: 2, 0: 1, 2: 1})
+
+
+def test_an_inflight_switch_inside_a_turn_counts_as_mixed():
+    switched = Trajectory("t", (Turn((1,), (2, 3, 4), (-0.5,) * 3, policy_version=9, action_versions=(9, 9, 10)),),
+                          RewardResult(0.0), StopReason.EOS)
+    m = compute_staleness_metrics([TrajectoryGroup("a", (_traj(10), switched))], 10, max_bucket=1)
+    assert m["staleness/mixed_version_frac"] == pytest.approx(0.5)
+    assert m["staleness/max"] == 1.0  # the lag is that of the oldest token's version
+    with pytest.raises(ValueError, match="versions"):
+        Turn((1,), (2, 3), (-0.5, -0.5), action_versions=(9,))

@@ -89,7 +89,7 @@ def test_lora_worker_gets_the_adapter_shape_once_and_only_adapter_weights_after(
 
 def test_inflight_weights_reach_a_running_order_between_decode_steps(tiny, tiny_overrides):
     """dist.inflight: load_weights (another actor thread) hands the weights to the running order's
-    decode loop and acks once it switched; the decode loop here waits at its 3rd step for the offer,
+    decode loop and acks once it switched; the decode loop here waits at its 3rd poll of the feed for the offer,
     so the switch lands mid-generation deterministically."""
     import threading
 
@@ -129,6 +129,10 @@ def test_inflight_weights_reach_a_running_order_between_decode_steps(tiny, tiny_
     assert w.policy.weight_feed.polls > 3 and out["res"]["version"] == 1  # the order went on with version 1
     assert out["res"]["metrics"]["rollout/inflight_switch_count"] == 1.0
     assert all(t.turns[0].policy_version == 0 for g in out["res"]["groups"] for t in g.trajectories)  # started at 0
+    switched = [t.turns[0].action_versions for g in out["res"]["groups"] for t in g.trajectories]
+    switched = [v for v in switched if v]  # the samples that were running at the switch: version 0, then 1
+    assert switched and all(set(v) == {0, 1} and v == tuple(sorted(v)) for v in switched), switched
+    assert len({v.index(1) for v in switched}) == 1  # one batch, one switch point
 
 
 def test_cross_policy_log_probs_come_from_the_policy_that_acted(tiny, tiny_overrides):

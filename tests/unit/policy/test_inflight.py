@@ -69,3 +69,4 @@ def test_tokens_carry_the_version_that_sampled_them(lean):
         assert torch.allclose(got, want, atol=2e-4), (s, got - want)
         gaps.append(float((under_old - under_new)[SWITCH:].abs().max()) if n > SWITCH else 0.0)
     assert max(gaps) > 1e-2  # the versions differ enough that a wrong tag or a stale prefix would show
+

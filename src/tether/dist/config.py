@@ -190,6 +190,11 @@ def find_fsdp2_problems(cfg: Any) -> list[str]:
     if cfg.dist.trainer_workers < 2:
         out.append("dist.trainer_sharding=fsdp2 shards over trainer ranks: set dist.trainer_workers >= 2 "
                    "(or dist.trainer_sharding=replicate)")
+    per_mini = cfg.rollout.problems_per_step * cfg.rollout.n // max(cfg.algo.mini_batches, 1)
+    if cfg.dist.trainer_workers > per_mini:
+        out.append(f"dist.trainer_sharding=fsdp2 runs every rank in lockstep on each mini-batch: {per_mini} sequences per "
+                   f"mini-batch cannot feed {cfg.dist.trainer_workers} ranks; raise rollout.problems_per_step or "
+                   "rollout.n, or lower algo.mini_batches or dist.trainer_workers")
     if ADVANTAGES.facts(cfg.algo.advantage.name).needs_critic:
         out.append(f"dist.trainer_sharding=fsdp2 does not shard the critic of algo.advantage.name="
                    f"{cfg.algo.advantage.name}: use dist.trainer_sharding=replicate or a critic-free estimator (grpo)")

@@ -42,6 +42,8 @@ def test_each_choice_must_match_algo_correction():
     (["dist.trainer_sharding=fsdp2"], "set dist.trainer_workers >= 2"),
     (["dist.trainer_sharding=fsdp2", "dist.trainer_workers=2", "algo.advantage.name=gae"], "does not shard the critic"),
     (["dist.trainer_sharding=fsdp3"], "trainer_sharding"),
+    (["dist.trainer_sharding=fsdp2", "dist.trainer_workers=4", "rollout.problems_per_step=2", "rollout.n=2",
+      "algo.mini_batches=2"], "2 sequences per mini-batch cannot feed 4 ranks"),
     (["dist.inflight=true"], "dist.inflight cannot work with dist.max_staleness=0"),
     (["dist.inflight=true", "dist.max_staleness=1", "dist.correction=tis", "algo.correction.mode=truncate",
       "dist.backend=vllm", "dist.placement.rollout.gpus=1"], "dist.inflight cannot work with the vllm backend"),

@@ -102,6 +102,13 @@ def test_lora_async_is_bit_identical_to_lora_sync(tmp_path):
             assert got[step][k] == want[k], (step, k)
         assert got[step]["sync/probe_gap"] < 1e-5
     assert any(abs(r["pg_loss"]) > 0 for r in got.values())
+    # and with a replicated second trainer rank (it builds its LoRA policy from the same bundle)
+    summary = run_rl_async(load_config(None, lora + ["dist.rollout_workers=1", "dist.trainer_workers=2"]), tmp_path / "dp")
+    got = rows(tmp_path / "dp")
+    assert summary["trainer_follower_updates"] == [3]
+    for step, want in sync.items():
+        for k in ("pg_loss", "grad_norm", "entropy", "reward/mean"):
+            assert got[step][k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), (step, k)
 
 
 def test_inflight_async_run_completes_with_synced_workers(tmp_path):

@@ -122,3 +122,16 @@ def test_inflight_async_run_completes_with_synced_workers(tmp_path):
     assert all(r["sync/probe_gap"] < 1e-4 for r in got.values() if "sync/probe_gap" in r)
     assert all(math.isfinite(r["pg_loss"]) for r in got.values())
     assert all(r["rollout/inflight_switch_count"] >= 0 for r in got.values())  # the workers carry a weight feed
+
+
+def test_a_sharded_run_resumes_from_its_gathered_checkpoint(tmp_path, sync_run):
+    """fsdp2: the checkpoint after step 2 (weights + AdamW moments gathered to rank 0) resumes a
+    new sharded group, and step 3 is the synchronous run's step 3 (up to summation order)."""
+    sync, _, _ = sync_run
+    fsdp = BASE + ["dist.rollout_workers=1", "dist.trainer_workers=2", "dist.trainer_sharding=fsdp2"]
+    run_rl_async(load_config(None, fsdp + ["train.steps=2"]), tmp_path)
+    run_rl_async(load_config(None, fsdp), tmp_path, resume=True)
+    got = rows(tmp_path)
+    assert sorted(got) == [1, 2, 3]
+    for k in ("pg_loss", "grad_norm", "entropy", "reward/mean"):
+        assert got[3][k] == pytest.approx(sync[3][k], rel=1e-4, abs=1e-6), k

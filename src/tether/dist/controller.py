@@ -47,6 +47,19 @@ class SyncError(RuntimeError):
     """A rollout engine did not follow the trainer's weights (probe gap over tolerance)."""
 
 
+def pick_fingerprint(results: list[dict[str, Any]]) -> dict[str, float]:
+    """One worker's (weights fingerprint, version) pair for the health layer's stale-sync check:
+    workers may hold different versions (staleness, in-flight updates), and `merge_metrics`
+    would average their fingerprints into one that matches no weights. The oldest version's
+    pair is kept (a worker left behind is what the check is for)."""
+    pairs = [(m["rollout/weights_fp_version"], m["rollout/weights_fp"]) for m in (r["metrics"] for r in results)
+             if "rollout/weights_fp" in m and "rollout/weights_fp_version" in m]
+    if not pairs:
+        return {"rollout/weights_fp": float("nan"), "rollout/weights_fp_version": float("nan")}
+    version, fp = min(pairs, key=lambda p: p[0])
+    return {"rollout/weights_fp": float(fp), "rollout/weights_fp_version": float(version)}
+
+
 @dataclass
 class _Slot:
     """One rollout worker as the controller sees it."""
@@ -408,6 +421,7 @@ class AsyncRollouts:
         # each shard's collect_groups already computed its rollout statistics (over its first
         # round, as tether train does); merging keeps that meaning with dynamic sampling on
         metrics = merge_metrics([(res["metrics"], max(len(res["groups"]), 1)) for res in results])
+        metrics.update(pick_fingerprint(results))  # a mean of fingerprints matches no weights
         bound = self.d.max_staleness + (self.d.partial.max_parks if self.d.partial.token_budget else 0) \
             + self.d.cross_policy.pool_size * self.d.cross_policy.every
         metrics.update(compute_staleness_metrics(groups, T, bound))

@@ -112,6 +112,7 @@ class RolloutWorker:
         self.broker = None  # partial rollouts (tether.dist.partial), created on first use
         self.orders = 0
         self._order_lock = threading.Lock()  # dist.inflight: the actor runs weights beside an order
+        self._sync_lock = threading.Lock()  # one weight sync at a time: a newer offer never lands mid-probe
         self.inflight_switches = 0
         if cfg.dist.inflight:
             from tether.policy.inflight import WeightFeed
@@ -132,7 +133,14 @@ class RolloutWorker:
 
     def load_weights(self, version: int, arrays: Mapping[str, Any], checksum: str,
                      probe_ids: Sequence[int] | None = None) -> dict[str, Any]:
-        """Load, verify, adopt `version`; returns the ack (ok, version, checksum, probe log-probs)."""
+        """Load, verify, adopt `version`; returns the ack (ok, version, checksum, probe log-probs).
+        Syncs are serialised: in a threaded actor (dist.inflight) the next version's sync could
+        otherwise hand its weights to a running decode loop while this one scores its probe."""
+        with self._sync_lock:
+            return self._load_weights(version, arrays, checksum, probe_ids)
+
+    def _load_weights(self, version: int, arrays: Mapping[str, Any], checksum: str,
+                      probe_ids: Sequence[int] | None) -> dict[str, Any]:
         t0 = time.perf_counter()
         old_version, old_arrays = self.policy.version, self.arrays
         try:

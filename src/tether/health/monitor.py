@@ -145,10 +145,11 @@ class HealthMonitor:
         return halt
 
     def _check_weights(self, metrics: dict) -> float:
-        """1.0 when the rollout's weights differ from the trainer's at the version the rollout
-        reports (a sync that silently failed while the version advanced), 0.0 when they match,
+        """1.0 when the rollout's weights differ from the trainer's at the version the rollout reports
+        for them (rollout/weights_fp_version; a silently failed weight sync), 0.0 when they match,
         NaN when either is unknown (no fingerprint, first step, resumed run)."""
-        fp, v = finite(metrics.get("rollout/weights_fp")), finite(metrics.get("health/rollout_version_min"))
+        fp, v = finite(metrics.get("rollout/weights_fp")), finite(metrics.get("rollout/weights_fp_version",
+                                                                              metrics.get("health/rollout_version_min")))
         ref = self.weight_fps.get(int(v)) if v is not None else None
         if fp is None or ref is None:
             return float("nan")

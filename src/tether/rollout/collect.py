@@ -58,7 +58,10 @@ def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], d
         problems = st.stream.next_batch(r.problems_per_step)
         problems = st.faults.begin_rollout(problems)  # seams: data, sampler, weight sync (tether.health.faults)
         groups, m = rollout.run(st.policy, problems, r.n, r.sampling, st.generator)  # after the sampler seam
-        m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))  # weights that sampled (health: stale sync)
+        # the weights that sampled, and their version (health: stale sync); after the rollout, so an
+        # in-flight update adopted mid-generation (dist.inflight) is the version fingerprinted
+        m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))
+        m["rollout/weights_fp_version"] = float(getattr(st.policy, "version", float("nan")))
         groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
         if i == 0:
             metrics.update(m)

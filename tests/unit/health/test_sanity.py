@@ -142,6 +142,24 @@ def test_update_size_beyond_any_trust_region():
     assert f is not None and f.step == 1 and diagnose([f])[0].cause == "lr_too_high"
 
 
+def test_weight_check_uses_the_version_the_fingerprint_was_taken_at():
+    """Async with in-flight updates (dist.inflight): tokens of version 4 were sampled, then the
+    worker adopted version 5 mid-generation and its fingerprint is version 5's. Comparing it with
+    version 4's (the oldest version that sampled) was a false stale-weights alarm."""
+    from tether.dist.controller import pick_fingerprint
+
+    mon = monitor()
+    mon.weight_fps = {4: 123.5, 5: 130.25}
+    row = {"rollout/weights_fp": 130.25, "rollout/weights_fp_version": 5.0, "health/rollout_version_min": 4.0}
+    assert mon._check_weights(row) == 0.0
+    assert mon._check_weights({**row, "rollout/weights_fp": 123.5}) == 1.0  # version 4's weights claimed as 5
+    workers = [{"metrics": {"rollout/weights_fp": 130.25, "rollout/weights_fp_version": 5.0}},
+               {"metrics": {"rollout/weights_fp": 123.5, "rollout/weights_fp_version": 4.0}}]
+    picked = pick_fingerprint(workers)  # never the mean of two workers' fingerprints
+    assert picked == {"rollout/weights_fp": 123.5, "rollout/weights_fp_version": 4.0}
+    assert mon._check_weights({**row, **picked}) == 0.0
+
+
 def test_weight_checksum_mismatch_is_stale_weights_not_sampler_mismatch():
     mon = monitor()
     mon.weight_fps = {4: 123.5}

@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 
+from dist_helpers import make_random_batch
 from tether.dist.fsdp import compute_lockstep_shards
 from tether.dist.trainer import find_free_port
 
@@ -85,23 +86,6 @@ def _rank_main(rank, path, port):
     tdist.destroy_process_group()
 
 
-def _batch(policy):
-    from tether.policy.hf import compute_logprobs
-    from tether.types import TrainBatch
-
-    g = torch.Generator().manual_seed(1)
-    B, T = 6, 9
-    ids = torch.randint(5, 200, (B, T), generator=g)
-    lengths = torch.tensor([9, 7, 9, 5, 8, 6])
-    am = (torch.arange(T)[None] < lengths[:, None]).long()
-    loss = am.clone().float()
-    loss[:, :3] = 0
-    with torch.no_grad():
-        rollout = compute_logprobs(policy, ids, am, 1.0)[0] * loss
-    adv = torch.randn(B, generator=g)[:, None].expand(B, T) * loss
-    return TrainBatch(ids, am.bool(), loss, rollout, adv.contiguous(), torch.arange(B) // 2, torch.arange(B))
-
-
 @pytest.mark.slow
 def test_two_fsdp2_ranks_equal_one_process_and_resume_exactly(tiny, tmp_path):
     import torch.multiprocessing as mp
@@ -110,7 +94,7 @@ def test_two_fsdp2_ranks_equal_one_process_and_resume_exactly(tiny, tmp_path):
     from tether.dist.weights import make_model_bundle
 
     _, _, policy = tiny
-    batch, bundle = _batch(policy), make_model_bundle(policy)
+    batch, bundle = make_random_batch(policy), make_model_bundle(policy)
     path = tmp_path / "job.pkl"
     with open(path, "wb") as fh:
         pickle.dump((bundle, batch), fh)

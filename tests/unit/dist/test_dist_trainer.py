@@ -6,6 +6,7 @@ import pickle
 import pytest
 import torch
 
+from dist_helpers import make_random_batch
 from tether.dist.trainer import compute_rank_shards, find_free_port
 
 
@@ -61,21 +62,9 @@ def test_two_gloo_ranks_equal_one_process(tiny, tmp_path):
     import torch.multiprocessing as mp
 
     from tether.dist.weights import make_model_bundle
-    from tether.policy.hf import compute_logprobs
-    from tether.types import TrainBatch
 
     _, _, policy = tiny
-    g = torch.Generator().manual_seed(1)
-    B, T = 6, 9
-    ids = torch.randint(5, 200, (B, T), generator=g)
-    lengths = torch.tensor([9, 7, 9, 5, 8, 6])
-    am = (torch.arange(T)[None] < lengths[:, None]).long()
-    loss = am.clone().float()
-    loss[:, :3] = 0
-    with torch.no_grad():
-        rollout = compute_logprobs(policy, ids, am, 1.0)[0] * loss
-    adv = torch.randn(B, generator=g)[:, None].expand(B, T) * loss
-    batch = TrainBatch(ids, am.bool(), loss, rollout, adv.contiguous(), torch.arange(B) // 2, torch.arange(B))
+    batch = make_random_batch(policy)
     bundle = make_model_bundle(policy)
     one, m1 = _update(bundle, batch)
     path = tmp_path / "job.pkl"

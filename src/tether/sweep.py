@@ -173,8 +173,15 @@ def _metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = None) -> float | None:
-    """A value of summary.json by key, or a dotted path into nested dicts ("final_eval.eval/pass@1");
-    `mean:<key>` / `last:<key>` / `max:<key>`: over the training steps (step >= 1) of metrics.jsonl."""
+    """A value of summary.json by key, or a dotted path into it ("final_eval.eval/pass@1"); a list of
+    named entries is indexed by name (a pipeline's "stages.rl_alone.heldout.eval/pass@1").
+    `mean:<key>` / `last:<key>` / `max:<key>`: over the training steps (step >= 1) of metrics.jsonl.
+    `A - B` (spaces around the minus): the per-run difference of two metrics, so that a comparison
+    of two stages inside one pipeline run gets a mean and standard error over seeds."""
+    left, minus, right = metric.partition(" - ")
+    if minus:
+        a, b = metric_of(summary, left.strip(), run_dir), metric_of(summary, right.strip(), run_dir)
+        return None if a is None or b is None else a - b
     agg, sep, key = metric.partition(":")
     if sep and agg in ("mean", "last", "max"):
         vals = [float(r[key]) for r in _metrics_rows(run_dir) if r.get("step", 0) >= 1
@@ -187,9 +194,12 @@ def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = No
     else:
         v = summary
         for part in metric.split("."):
-            if not isinstance(v, Mapping) or part not in v:
+            if isinstance(v, list):
+                v = next((e for e in v if isinstance(e, Mapping) and e.get("name") == part), None)
+            elif isinstance(v, Mapping) and part in v:
+                v = v[part]
+            else:
                 return None
-            v = v[part]
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 

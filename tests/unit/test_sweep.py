@@ -88,6 +88,17 @@ def test_metric_lookup():
     assert metric_of(s, "missing") is None and metric_of(s, "flag") is None
 
 
+def test_metric_of_a_pipeline_stage_by_name_and_a_difference():
+    s = {"stages": [{"name": "sft", "heldout": {"eval/pass@1": 0.25}},
+                    {"name": "rl_alone", "heldout": {"eval/pass@1": 0.5}},
+                    {"name": "rl_after_dpo", "heldout": {"eval/pass@1": 0.625}}]}
+    assert metric_of(s, "stages.rl_alone.heldout.eval/pass@1") == 0.5
+    assert metric_of(s, "stages.nope.heldout.eval/pass@1") is None
+    diff = "stages.rl_after_dpo.heldout.eval/pass@1 - stages.rl_alone.heldout.eval/pass@1"
+    assert metric_of(s, diff) == 0.125
+    assert metric_of(s, "stages.rl_alone.heldout.eval/pass@1 - stages.nope.x") is None
+
+
 class FakeRuns:
     """A run_fn that writes summary.json with a value from the arm and seed; can die on the k-th call."""
 

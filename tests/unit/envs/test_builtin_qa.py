@@ -86,3 +86,15 @@ def test_expert_through_the_batched_rollout(env_policy, scripted):
 def test_expert_reads_its_progress_from_the_history():
     task = make_problems("qa", 1, 7)[0]
     assert '"query": "%s"' % task["queries"][0] in qa_expert(task, [])
+
+
+def test_qa_summary_lists_the_passages_found_once_without_the_queries():
+    from tether.envs.builtin.qa import search_call, summarize_qa_facts
+    from tether.types import Message
+
+    msgs = [Message("assistant", search_call("Ann Lee")), Message("tool", "Ann Lee: born in Seville, works for Zentra."),
+            Message("assistant", search_call("zzz")), Message("tool", "no results"),
+            Message("assistant", search_call("Seville")), Message("tool", "Seville: a city in Spain.\nAnn Lee: born in Seville, works for Zentra.")]
+    assert summarize_qa_facts(msgs) == "found: Ann Lee: born in Seville, works for Zentra. | Seville: a city in Spain."
+    assert summarize_qa_facts(msgs[:1]) == "found: nothing yet"
+    assert "search" not in summarize_qa_facts(msgs)  # the tool calls themselves are dropped

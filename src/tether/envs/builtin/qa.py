@@ -176,6 +176,21 @@ class QAEnv:
         return StepResult(Observation(()), 1.0 if correct else 0.0, True, {"correct": correct, "answer": got})
 
 
+def summarize_qa_facts(messages: Sequence[Message]) -> str:
+    """The facts the dropped turns found (env.context.summarizer for Agent-R1's `summary` rule,
+    arXiv 2511.14460): every passage a search returned, once, in order, without the queries, e.g.
+    `found: Ann Lee: born in Seville, works for Zentra. | Seville: a city in Spain.`"""
+    seen: list[str] = []
+    for m in messages:
+        if m.role != "tool":
+            continue
+        for line in m.content.splitlines():
+            line = line.strip()
+            if line and line != "no results" and ":" in line and line not in seen:
+                seen.append(line)
+    return "found: " + " | ".join(seen) if seen else "found: nothing yet"
+
+
 def search_call(query: str) -> str:
     return '<tool_call>{"name": "search", "arguments": {"query": "%s"}}</tool_call>' % query
 

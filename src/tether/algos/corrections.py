@@ -95,6 +95,9 @@ def compute_mismatch_metrics(
     """Rollout-engine vs trainer diagnostics (verl docs/algo/rollout_corr_math.md §4; pitfalls #3).
 
     logp_gap_mean / logp_gap_max: mean and max |log pi_old - log mu| over masked tokens.
+    logp_gap_signed: mean of log mu - log pi_old (the k1 estimate of KL(mu || pi_old), >= 0 in
+    expectation): ~0 when the two differ by numerics only, ~logp_gap_mean when mu favours the
+    tokens it sampled on every token (a top-k/top-p filter, a lower temperature).
     rollout_kl_k3: k3 estimate of KL(mu || pi_old) from samples of mu: rho - 1 - log rho, rho = pi_old/mu.
     ess: normalised effective sample size of the sequence weights w_i = exp(sum_t log rho),
     (sum w)^2 / (n sum w^2) in (0, 1] over non-empty sequences (1 = no mismatch), computed from
@@ -113,6 +116,7 @@ def compute_mismatch_metrics(
     gap_max = gap_BT[keep_BT].max() if bool(keep_BT.any()) else torch.zeros_like(gap_BT.sum())
     return {
         "logp_gap_mean": _masked_mean(gap_BT, keep_BT),
+        "logp_gap_signed": _masked_mean(-log_rho_BT, keep_BT),
         "logp_gap_max": gap_max.float(),
         "rollout_kl_k3": _masked_mean(rho_BT - 1 - log_rho_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), keep_BT),
         "ess": ess.float(),

@@ -225,20 +225,32 @@ class EntropyCollapseDetector(Detector):
 
 @register_detector
 class EntropyExplosionDetector(Detector):
-    """Policy entropy far above its baseline and its baseline maximum: the policy dissolves."""
+    """Policy entropy far above its baseline and its baseline maximum: the policy dissolves.
+
+    Trend rule (warn): RL on a verified reward sharpens the policy - entropy falls, driven by the
+    covariance of log-prob and advantage (arXiv 2505.22617) - so an entropy that climbs above
+    everything its baseline window saw and stays there is no healthy trajectory, even below the
+    1.6x-median level: the last `trend_k` steps all above the baseline maximum, their mean above
+    `trend` x that maximum (healthy faultbench runs, 7 seeds: the post-baseline 2-step mean never
+    exceeded 0.89x the baseline maximum)."""
 
     name, mode = "entropy_explosion", "entropy_explosion"
-    defaults = {"factor": 1.6, "z": 8.0}
+    defaults = {"factor": 1.6, "z": 8.0, "trend": 1.2, "trend_k": 3}
 
     def evaluate(self, h, ctx):
         base, x = h.baseline("entropy"), _recent_mean(h, "entropy", 2)
         if base is None or x is None:
             return OK
         hi = max(base.median * self.p["factor"], base.median + self.p["z"] * base.scale, base.hi * 1.2)
-        if x <= hi:
-            return OK
-        level = 2 if x > 2 * hi else 1
-        return level, f"entropy {x:.3g} vs baseline {base.median:.3g}", {"entropy": _ev(x, base)}
+        if x > hi:
+            level = 2 if x > 2 * hi else 1
+            return level, f"entropy {x:.3g} vs baseline {base.median:.3g}", {"entropy": _ev(x, base)}
+        k = int(self.p["trend_k"])
+        xs = h.values("entropy", k)
+        if len(xs) == k and min(xs) > base.hi and sum(xs) / k > self.p["trend"] * base.hi:
+            return 1, (f"entropy {sum(xs) / k:.3g} over the last {k} steps, above the baseline maximum {base.hi:.3g} "
+                       "(RL lowers entropy)"), {"entropy": _ev(sum(xs) / k, base), "rule": "trend"}
+        return OK
 
 
 # ----------------------------------------------------------------------------- signal / lengths

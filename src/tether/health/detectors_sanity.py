@@ -10,6 +10,13 @@ what a correct implementation guarantees, whatever the model, task or hardware:
   (a 10% probability ratio on every token) is 5-10x that floor; a top-k/top-p filter, another
   temperature or stale weights give 0.1 to several nats. The sequence importance weights of a
   healthy run are then ~1 (ESS ~1); an ESS below 0.5 means half the batch carries the weight.
+  One-sided gap: the mean of log mu - log pi over the sampled tokens estimates KL(mu || pi) (k1).
+  Numerical error has no preferred sign, so that mean stays near 0 (sampling from a noisy mu
+  biases it by ~var/2: ~1e-4 for a bf16 engine's 0.01-0.02 noise) while |gap| sits at the floor; a
+  sampler that favours what it sampled on every token (a top-k/top-p renormalisation, a lower
+  temperature) makes the signed mean ~ the |gap| itself. A signed mean of at least 0.01
+  nats/token (a 1% probability bias on every token) that is >= 80% of the |gap| is flagged
+  (warn; critical past 5x), however small the gap.
 - `update_size`: PPO-style updates keep the per-update KL(pi_old || pi) near 0.01 (OpenAI
   baselines' target_kl 0.01-0.015; the clip range bounds each token's ratio to 1 +- 0.2); healthy
   faultbench runs peak at 0.11 on their first step (the post-SFT transient). An update of more
@@ -58,7 +65,7 @@ class LogpFloorDetector(Detector):
     """Rollout/trainer log-prob gap or importance-weight ESS beyond what numerics can explain."""
 
     name, mode, needs_baseline = "logp_floor", "rollout_mismatch", False
-    defaults = {"gap": 0.1, "ess": 0.5}
+    defaults = {"gap": 0.1, "ess": 0.5, "signed": 0.01, "one_sided": 0.8}
 
     def evaluate(self, h, ctx):
         if ctx.max_staleness > 0:  # off-policy by design: the gap measures the allowed lag
@@ -71,6 +78,12 @@ class LogpFloorDetector(Detector):
         if ess is not None and ess < self.p["ess"]:
             return 1, f"importance-weight ESS {ess:.2f} on-policy (healthy ~1)", {
                 "ess": {"value": round(ess, 4), "bound": self.p["ess"]}, "rule": "floor"}
+        signed = finite(h.latest("logp_gap_signed"))
+        if signed is not None and gap and signed >= self.p["signed"] and signed >= self.p["one_sided"] * gap:
+            return 2 if signed > 5 * self.p["signed"] else 1, (
+                f"rollout log-probs above the trainer's on {signed / gap:.0%} of the gap ({signed:.3g} nats/token; "
+                "numerical error has no sign): the sampler renormalises (top-k/top-p) or runs cooler"), {
+                "logp_gap_signed": {"value": round(signed, 6), "bound": self.p["signed"]}, "rule": "one_sided"}
         return OK
 
 

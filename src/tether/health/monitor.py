@@ -27,7 +27,8 @@ from typing import Any
 from tether.health import detectors_learned, detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
-from tether.health.remediation import ACTIONS, Snapshot, do_rollback, restore_in_force, take_snapshot
+from tether.health.remediation import (ACTIONS, Snapshot, do_rollback, helped, probe_drop, restore_in_force,
+                                       take_snapshot, update_ratio, window_before)
 from tether.health.telemetry import History, compute_trajectory_stats, compute_weights_fingerprint, finite
 from tether.io.state import decode_state, encode_state
 
@@ -36,7 +37,6 @@ log = logging.getLogger("tether.health")
 DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
           "length", "reward_hacking", "nonfinite", "advantage_misalignment", "advantage_invariants", "accuracy_drop",
           "loss_mask", "reward_linkage", "update_size"}
-KL_REFERENCE = 0.01  # per-update KL of a healthy PPO step (OpenAI baselines' target_kl 0.01-0.015): without a baseline
 
 
 def build_detectors(hc: Any) -> dict[str, Detector]:
@@ -250,14 +250,17 @@ class HealthMonitor:
     def _clean_since(self, step: int) -> bool:
         return not any(f.step >= step for f in self.findings[-20:])
 
-    def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings) -> bool:
+    def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings, stacked: int | None = None,
+                     rollback: bool = False) -> bool:
+        """Try the next candidate; `stacked`: on top of a change kept as part of the repair, with the
+        update-size evidence measured from step `stacked` on, from the current weights unless `rollback`."""
         recent = {f.detector for f in self.findings if f.step > step - 10}
-        damaged = bool(recent & DAMAGE)
+        damaged = bool(recent & DAMAGE) and (stacked is None or rollback)
         # damaged weights: back to the newest snapshot before the onset (detection lags the onset, so a
         # snapshot from the step just before `since` may already hold damage); else undo point = now
         snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None) if damaged else None
         rollback = snap is not None
-        evidence: dict[str, Any] = {"update_ratio": self._update_ratio(since)}
+        evidence: dict[str, Any] = {"update_ratio": self._update_ratio(since if stacked is None else stacked)}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
         while candidates:
@@ -291,29 +294,14 @@ class HealthMonitor:
             return False
         return self._give_up(st, step, hyp, snap, "no applicable repair left")
 
-    def _probe_drop(self, since: int, start: int, tol: float = 0.15) -> str | None:
-        """The held-out probe (eval/pass@1) evaluated during the trial fell more than `tol` below
-        its last value before the fault (None: no probe on both sides, or no drop)."""
-        ev = [(r["step"], v) for r in self.history.rows if (v := finite(r.get("eval/pass@1"))) is not None]
-        before = [v for s, v in ev if s < since]
-        during = [v for s, v in ev if s > start]
-        if before and during and during[-1] < before[-1] - tol:
-            return f"held-out pass@1 {during[-1]:.3g} below pre-fault {before[-1]:.3g}"
-        return None
+    def _probe_drop(self, since: int, start: int) -> str | None:
+        return probe_drop(self.history, since, start)
 
     def _update_ratio(self, since: int) -> float | None:
-        """How far the update size is out of range: the largest per-update KL since the fault's
-        onset over the baseline's (or over KL_REFERENCE when there is no baseline)."""
-        kl = [v for r in self.history.rows if r["step"] >= since and (v := finite(r.get("approx_kl"))) is not None]
-        if not kl:
-            return None
-        base = self.history.baseline("approx_kl", abs_floor=1e-4)
-        return max(kl) / (base.median if base is not None else KL_REFERENCE)
+        return update_ratio(self.history, since)
 
     def _window_before(self, since: int) -> list[float]:
-        key = "accuracy" if self.history.baseline("accuracy") is not None else "reward/mean"
-        rows = [r for r in self.history.rows if r["step"] < since and r["step"] not in self.history.discarded]
-        return [v for r in rows[-self.hc.trial_window:] if (v := finite(r.get(key))) is not None]
+        return window_before(self.history, since, self.hc.trial_window)
 
     def _judge_trial(self, st, cfg, step: int) -> bool:
         t = self.trial
@@ -339,6 +327,12 @@ class HealthMonitor:
         if not bad and not worse and not unsafe:
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean)
             return False
+        part = helped(self.history, t) if bad and not unsafe and t["candidates"] else None
+        if part:  # part of the repair: it stays and the next candidate goes on top (weights rolled back if they lost accuracy)
+            self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean,
+                      pre_mean=pre_mean, partial=part)
+            return self._start_trial(st, cfg, step, t["since"], t["candidates"], t["hyp"], [], stacked=t["start"] + 1,
+                                     rollback=worse)
         if t["snap"] is not None:
             do_rollback(st, t["snap"])
         for c in reversed(t["changes"]):

@@ -11,7 +11,11 @@ the change to count as a repair (`watch`). The controller (monitor.py, `health.m
 3. watch `health.trial_window` steps: the change is KEPT if none of its `watch` detectors fired
    critically, its guard raises nothing (e.g. a correction masking most tokens) and the window's
    verified accuracy is not below the pre-fault window's; otherwise REVERTED (roll back again,
-   undo the change) and the next candidate is tried;
+   undo the change) and the next candidate is tried - except a change that took the update-size
+   evidence at least halfway back (`helped`): it is part of the repair (clipping restored while
+   the LR is still too high), stays, and the next candidate is tried on top of it - from the
+   current weights, or from the pre-fault snapshot when accuracy fell during the trial (the excess
+   that is left did damage);
 4. with no candidate left (`health.max_actions` tries, or a cause no setting can fix: a code or
    data bug), the run halts with a report at the last healthy weights once the fault costs
    accuracy (a `regression` finding); until then it keeps training and advises.
@@ -258,6 +262,58 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            _downweight_component),
     Action("halt", "halt with a report", (), _halt),
 )}
+
+
+# ----------------------------------------------------------------------------- judging a trial
+
+KL_REFERENCE = 0.01  # per-update KL of a healthy PPO step (OpenAI baselines' target_kl 0.01-0.015): without a baseline
+
+
+def update_ratio(history: Any, since: int) -> float | None:
+    """How far the update size is out of range: the largest per-update KL from step `since` on
+    over the baseline's median (or over KL_REFERENCE when there is no baseline)."""
+    from tether.health.telemetry import finite
+
+    kl = [v for r in history.rows if r["step"] >= since and (v := finite(r.get("approx_kl"))) is not None]
+    if not kl:
+        return None
+    base = history.baseline("approx_kl", abs_floor=1e-4)
+    return max(kl) / (base.median if base is not None else KL_REFERENCE)
+
+
+def window_before(history: Any, since: int, n: int) -> list[float]:
+    """The verified accuracy (else mean reward) of the last `n` kept steps before the onset."""
+    from tether.health.telemetry import finite
+
+    key = "accuracy" if history.baseline("accuracy") is not None else "reward/mean"
+    rows = [r for r in history.rows if r["step"] < since and r["step"] not in history.discarded]
+    return [v for r in rows[-n:] if (v := finite(r.get(key))) is not None]
+
+
+def probe_drop(history: Any, since: int, start: int, tol: float = 0.15) -> str | None:
+    """The held-out probe (eval/pass@1) evaluated during the trial fell more than `tol` below
+    its last value before the fault (None: no probe on both sides, or no drop)."""
+    from tether.health.telemetry import finite
+
+    ev = [(r["step"], v) for r in history.rows if (v := finite(r.get("eval/pass@1"))) is not None]
+    before = [v for s, v in ev if s < since]
+    during = [v for s, v in ev if s > start]
+    if before and during and during[-1] < before[-1] - tol:
+        return f"held-out pass@1 {during[-1]:.3g} below pre-fault {before[-1]:.3g}"
+    return None
+
+
+def helped(history: Any, trial: dict[str, Any]) -> str | None:
+    """Why a change that did not silence its watch is still part of the repair (None: it is not): it
+    took the update-size evidence (the per-update KL over its healthy level) at least halfway back;
+    KL grows with the square of the step size, so halving it removes a good part of the excess
+    step. The change stays and the next candidate goes on top (clipping restored while the LR is
+    still too high)."""
+    before = trial.get("evidence", {}).get("update_ratio")
+    after = update_ratio(history, trial["start"] + 1)
+    if isinstance(before, (int, float)) and before > 1 and after is not None and after <= 0.5 * before:
+        return f"update size {after:.3g}x healthy, down from {before:.3g}x"
+    return None
 
 
 # ----------------------------------------------------------------------------- resume

@@ -102,6 +102,7 @@ def test_mismatch_metrics_hand_values():
     m = compute_mismatch_metrics(inp.old_logp_BT, inp.rollout_logp_BT, inp.mask_BT)
     assert m["logp_gap_mean"].item() == pytest.approx(0.4 / 3, rel=1e-5)
     assert m["logp_gap_max"].item() == pytest.approx(0.2, rel=1e-5)
+    assert m["logp_gap_signed"].item() == pytest.approx(-0.2 / 3, rel=1e-5)  # log mu - log pi: (-0.1 + 0.1 - 0.2)/3
     k3 = sum(math.exp(x) - 1 - x for x in (0.1, -0.1, 0.2)) / 3
     assert m["rollout_kl_k3"].item() == pytest.approx(k3, rel=1e-4)
     w = [1.0, math.exp(0.2)]

@@ -159,3 +159,14 @@ def test_contention_that_hits_the_biggest_phase_hardest_is_not_a_stall():
         row["time/step"] = row["time/update"] + row["time/generate"] + row["time/reward"] + row["time/batch"]
 
     assert replay(series(30, 8, {"c": contended}), detector="stall") == []
+
+
+def test_slow_entropy_climb_is_flagged_below_the_explosion_level():
+    """An entropy bonus slightly too large: entropy creeps up 0.015/step (never 1.6x its median,
+    1.12); RL should lower entropy, so staying above the baseline maximum is flagged as a trend."""
+    rows = series(40, 0, {"e": _set("entropy", lambda r, s: 0.7 + 0.015 * (s - 14))})
+    found = [f for f in replay(rows, "entropy_explosion")]
+    assert found and found[0].evidence["rule"] == "trend" and found[0].severity == "warn"
+    assert max(r["entropy"] for r in rows) < 1.6 * 0.7 and found[0].step < 36
+    flat_high = series(40, 1, {"e": _set("entropy", lambda r, s: r["entropy"] * 0.8)})  # RL sharpening: lower
+    assert replay(flat_high, "entropy_explosion") == []

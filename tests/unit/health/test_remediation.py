@@ -279,3 +279,45 @@ def test_a_kept_kl_anchor_is_rebuilt_from_the_checkpoint_on_resume():
     reverted = records[:1] + [{"event": "revert", "action": "raise_kl", "changes": records[0]["changes"]}]
     st3, cfg3 = _state(), _cfg()
     assert restore_in_force(st3, cfg3, reverted) == [] and cfg3.algo.kl.coef == 0.0 and st3.ref is None
+
+
+def test_a_repair_that_halves_the_update_size_stays_and_the_next_goes_on_top():
+    """Clipping switched off AND the LR 4x too high (a copied config): restoring clipping brings the
+    per-update KL from 160x to 16x healthy - not enough to silence kl_explosion, but part of the
+    repair, so it stays and the LR repair (sized by the remaining 16x: 0.25x) is tried on top."""
+    st, cfg = _state(), _cfg()
+    mon = HealthMonitor(cfg)
+
+    def edit(row, step):
+        if step == 15:
+            cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
+            st.optimizer.param_groups[0]["lr"] *= 4
+        lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
+        row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
+
+    assert _drive(mon, st, cfg, 40, edit) is None
+    events = [(a["event"], a["action"]) for a in mon.actions]
+    assert events == [("apply", "restore_clip"), ("keep", "restore_clip"), ("apply", "lower_lr"), ("keep", "lower_lr")]
+    assert "down from" in mon.actions[1]["partial"] and mon.actions[2]["rollback_to"] is None  # on top, no rollback
+    assert cfg.algo.policy_loss.clip_low == 0.2  # clipping back on, and the LR back near its configured 1e-3
+    assert st.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=0.3)  # (sized by the noisy max KL)
+
+
+def test_a_partial_repair_that_lost_accuracy_stays_and_the_next_starts_from_the_healthy_weights():
+    st, cfg = _state(), _cfg()
+    mon = HealthMonitor(cfg)
+
+    def edit(row, step):
+        if step == 15:
+            cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
+            st.optimizer.param_groups[0]["lr"] *= 4
+        lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
+        row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
+        if row["approx_kl"] > 0.05:  # the excess update size costs accuracy
+            row["accuracy"] = row["reward/mean"] = 0.15
+
+    _drive(mon, st, cfg, 40, edit)
+    events = [(a["event"], a["action"]) for a in mon.actions]
+    assert events[:3] == [("apply", "restore_clip"), ("keep", "restore_clip"), ("apply", "lower_lr")]
+    assert mon.actions[1]["partial"] and mon.actions[2]["rollback_to"] is not None and mon.actions[2]["rollback_to"] < 15
+    assert cfg.algo.policy_loss.clip_low == 0.2

@@ -62,6 +62,18 @@ def test_gap_at_bf16_floor_is_not_a_finding():
     assert first(run(lambda r, s: r.update(logp_gap_mean=0.02, ess=0.97), n=30), "logp_floor") is None
 
 
+def test_small_one_sided_gap_from_step_1_is_flagged_a_bf16_noise_gap_is_not():
+    """A subtle top-k filter: every sampled token's rollout log-prob is higher (renormalised), by
+    0.02 nats - below the 0.1 floor, but one-sided; bf16 noise of the same size has no sign."""
+    f = first(run(lambda r, s: r.update(logp_gap_mean=0.02, logp_gap_signed=0.019)), "logp_floor")
+    assert f is not None and f.step <= 2 and f.evidence["rule"] == "one_sided"
+    assert diagnose([f])[0].cause == "rollout_mismatch"
+    noise = run(lambda r, s: r.update(logp_gap_mean=0.02, logp_gap_signed=2e-4), n=30)  # ~var/2 selection bias
+    assert first(noise, "logp_floor") is None
+    fp32 = run(lambda r, s: r.update(logp_gap_mean=3e-7, logp_gap_signed=3e-7), n=30)  # one-sided but at the fp32 floor
+    assert first(fp32, "logp_floor") is None
+
+
 def test_no_floor_when_staleness_is_allowed():
     ctx = RunContext("exact_match", {"exact_match": 1.0}, 2, rollout_n=8, advantage="grpo")
     assert first(run(lambda r, s: r.update(logp_gap_mean=0.3), ctx=ctx), "logp_floor") is None

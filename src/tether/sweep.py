@@ -164,9 +164,11 @@ def compute_difference(ref: Mapping[int, float], other: Mapping[int, float]) -> 
     return {"diff": diff, "se": se, "kind": kind, "within_noise": noise}
 
 
-def _metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl of a run (or of its RL stage: <run>/rl/metrics.jsonl for a pipeline)."""
-    for path in (run_dir / "metrics.jsonl", run_dir / "rl" / "metrics.jsonl"):
+def _metrics_rows(run_dir: Path, stage: str | None = None) -> list[dict[str, Any]]:
+    """metrics.jsonl of a run (or of its RL stage: <run>/rl/metrics.jsonl for a pipeline), or of a
+    named pipeline stage (<run>/<stage>/metrics.jsonl)."""
+    paths = [run_dir / stage / "metrics.jsonl"] if stage else [run_dir / "metrics.jsonl", run_dir / "rl" / "metrics.jsonl"]
+    for path in paths:
         if path.exists():
             return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return []
@@ -175,7 +177,8 @@ def _metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
 def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = None) -> float | None:
     """A value of summary.json by key, or a dotted path into it ("final_eval.eval/pass@1"); a list of
     named entries is indexed by name (a pipeline's "stages.rl_alone.heldout.eval/pass@1").
-    `mean:<key>` / `last:<key>` / `max:<key>`: over the training steps (step >= 1) of metrics.jsonl.
+    `mean:<key>` / `last:<key>` / `max:<key>` / `sum:<key>`: over the training steps (step >= 1) of
+    metrics.jsonl; `<agg>:<key>@<stage>` reads a pipeline stage's (`sum:rollout/gen_tokens@distilled`).
     `A - B` (spaces around the minus): the per-run difference of two metrics, so that a comparison
     of two stages inside one pipeline run gets a mean and standard error over seeds."""
     left, minus, right = metric.partition(" - ")
@@ -183,12 +186,13 @@ def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = No
         a, b = metric_of(summary, left.strip(), run_dir), metric_of(summary, right.strip(), run_dir)
         return None if a is None or b is None else a - b
     agg, sep, key = metric.partition(":")
-    if sep and agg in ("mean", "last", "max"):
-        vals = [float(r[key]) for r in _metrics_rows(run_dir) if r.get("step", 0) >= 1
+    if sep and agg in ("mean", "last", "max", "sum"):
+        key, at, stage = key.partition("@")
+        vals = [float(r[key]) for r in _metrics_rows(run_dir, stage if at else None) if r.get("step", 0) >= 1
                 and isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))] if run_dir else []
         if not vals:
             return None
-        return sum(vals) / len(vals) if agg == "mean" else vals[-1] if agg == "last" else max(vals)
+        return {"mean": sum(vals) / len(vals), "last": vals[-1], "max": max(vals), "sum": sum(vals)}[agg]
     if metric in summary:
         v: Any = summary[metric]
     else:

@@ -99,6 +99,16 @@ def test_metric_of_a_pipeline_stage_by_name_and_a_difference():
     assert metric_of(s, "stages.rl_alone.heldout.eval/pass@1 - stages.nope.x") is None
 
 
+def test_metric_of_a_stage_metrics_file(tmp_path):
+    (tmp_path / "distilled").mkdir()
+    rows = [{"step": 0, "rollout/gen_tokens": 99.0}, {"step": 1, "rollout/gen_tokens": 10.0},
+            {"step": 2, "rollout/gen_tokens": 30.0}]
+    (tmp_path / "distilled" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert metric_of({}, "sum:rollout/gen_tokens@distilled", tmp_path) == 40.0  # step 0 is not a training step
+    assert metric_of({}, "mean:rollout/gen_tokens@distilled", tmp_path) == 20.0
+    assert metric_of({}, "sum:rollout/gen_tokens@rl_alone", tmp_path) is None
+
+
 class FakeRuns:
     """A run_fn that writes summary.json with a value from the arm and seed; can die on the k-th call."""
 

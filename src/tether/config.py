@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import PositiveInt, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tether.errors import UserError
 
@@ -314,7 +314,8 @@ class RunConfig(_Base):
     deterministic: bool | None = Field(
         None, description="torch deterministic algorithms; None: on for CPU-only runs (no measured cost there: "
                           "two-thread CPU runs otherwise drift apart in the last bits within a few steps), off with CUDA")
-    threads: int | None = Field(None, gt=0, description="torch intra-op threads")
+    threads: PositiveInt | Literal["auto"] | None = Field(
+        None, description="torch intra-op threads; auto: the cores the load average leaves free (tether.hardware)")
     retain_memory: bool | None = Field(
         None, description="glibc malloc keeps freed memory for the next step instead of unmapping it (tether.runtime; "
                           "fewer page faults); None: on for CPU-only runs")

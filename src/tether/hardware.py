@@ -123,3 +123,21 @@ def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> d
     return {"setting": setting, "autocast_bf16": bool(autocast_bf16), "precision": "bf16" if autocast_bf16 else "fp32",
             "reason": reason, "device": device, "cpu": info["model"], "cpu_class": cpu_class(info),
             "cpu_flags": info["flags"], "cores": info["cores"]}
+
+
+def choose_threads(setting: int | str | None, cores: int | None = None, load: float | None = None) -> tuple[int | None, str]:
+    """torch intra-op threads for `run.threads`: a number is kept; None leaves torch's default;
+    "auto" takes the cores the 1-minute load average leaves free (at least 1), because on an
+    oversubscribed CPU two torch threads spin-wait on each other and a step can take many times
+    longer than with one (measured on the 2-core EPYC under load: docs/performance.md)."""
+    if setting != "auto":
+        return (int(setting) if setting else None), "configured" if setting else "torch default"
+    cores = cores or os.cpu_count() or 1
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # not available on this platform
+            return cores, f"auto: {cores} cores (no load average here)"
+    free = max(1, min(cores, int(cores - load + 0.5)))
+    return free, f"auto: {cores} cores, 1-minute load average {load:.1f} -> {free}"
+

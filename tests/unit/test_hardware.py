@@ -98,3 +98,18 @@ def test_real_cpu_info_is_well_formed():
     assert isinstance(info["model"], str) and info["model"]
     assert set(info["flags"]) <= set(hardware._X86_FLAGS) | set(hardware._ARM_FLAGS)
     assert hardware.cpu_class() in ("native-bf16", "avx512", "avx2", "other")
+
+
+def test_auto_threads_take_the_cores_the_load_leaves_free():
+    from tether.config import ConfigError, build_config
+    from tether.hardware import choose_threads
+
+    assert choose_threads("auto", cores=2, load=0.1)[0] == 2  # idle: both cores
+    assert choose_threads("auto", cores=2, load=1.6)[0] == 1  # one core busy
+    assert choose_threads("auto", cores=2, load=9.0)[0] == 1  # oversubscribed: never below 1
+    assert choose_threads("auto", cores=16, load=3.2)[0] == 13
+    assert choose_threads(3) == (3, "configured") and choose_threads(None)[0] is None
+    assert build_config({"run": {"threads": "auto"}}).run.threads == "auto"
+    for bad in (0, "lots"):
+        with pytest.raises(ConfigError, match="run.threads"):
+            build_config({"run": {"threads": bad}})

@@ -31,7 +31,7 @@ from tether.runtime import retain_freed_memory
 from tether.tasks import demonstration, is_file_task, load_jsonl, make_splits
 
 
-def seed_everything(seed: int, deterministic: bool | None = None, threads: int | None = None,
+def seed_everything(seed: int, deterministic: bool | None = None, threads: int | str | None = None,
                     retain_memory: bool | None = None) -> None:
     """One seed reaches python, numpy and torch (pitfall 22); `deterministic=None` is on without CUDA.
     `retain_memory` (None: on without CUDA): glibc keeps freed memory for reuse (tether.runtime)."""
@@ -42,6 +42,11 @@ def seed_everything(seed: int, deterministic: bool | None = None, threads: int |
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+    if threads == "auto":
+        from tether.hardware import choose_threads
+
+        threads, why = choose_threads(threads)
+        print(f"[tether] threads: {threads} ({why})", flush=True)
     if threads:
         torch.set_num_threads(threads)
     if deterministic is None:

@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
         seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated run seeds (default: 0,1,2)"),
         command: Optional[str] = typer.Option(None, "--command", help="what each run is: train | pipeline | sft (default train)"),
         metric: Optional[str] = typer.Option(None, "--metric", help="summary.json key compared (default final_accuracy); "
-                                                                  "mean:KEY / last:KEY / max:KEY / sum:KEY read metrics.jsonl (KEY@STAGE: a pipeline stage's); "A - B": per-run difference; stages.NAME.heldout.eval/pass@1: a pipeline stage"),
+                                             "mean:KEY / last:KEY / max:KEY / sum:KEY read metrics.jsonl (KEY@STAGE: a "
+                                             "pipeline stage's); stages.NAME.heldout.eval/pass@1: a pipeline stage's "
+                                             "held-out metric; 'A - B': the per-run difference of two metrics"),
         extra_metric: Optional[List[str]] = typer.Option(None, "--extra-metric", help="further metrics to table (repeatable)"),
         workers: Optional[int] = typer.Option(None, "--workers", help="runs at a time (default 1)"),
         out: Optional[Path] = typer.Option(None, "--out", help="sweep directory (default runs/<name>-sweep-<timestamp>); "

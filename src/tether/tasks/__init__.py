@@ -85,6 +85,32 @@ def reverse_task() -> TaskSpec:
     return TaskSpec("reverse", _reverse_problem, lambda p: p["answer"], "exact_match", "string reversal")
 
 
+def _reverse_think_problem(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
+    p = _reverse_problem(rng, i, kw)
+    lo, hi = int(kw.get("think_min", 1)), int(kw.get("think_max", 3))
+    if not 0 <= lo <= hi:
+        raise ValueError(f"need 0 <= think_min <= think_max, got {lo}, {hi}")
+    u = rng.random()  # one draw whatever the range, so the prompts do not depend on think_min/max
+    return p | {"think": lo + min(int(u * (hi - lo + 1)), hi - lo)}
+
+
+def _reverse_think_demo(p: dict[str, Any]) -> str:
+    """`think` restatements of the reversed word, then `#### answer`."""
+    return "".join(f"{p['answer']} ; " for _ in range(int(p.get("think", 0)))) + f"#### {p['answer']}"
+
+
+@TASKS.register("reverse_think")
+def reverse_think_task() -> TaskSpec:
+    """String reversal with a variable-length "reasoning" trace before the answer, for long2short
+    (Kimi k1.5 arXiv 2501.12599 §2.4): "reverse abc:" -> "cba ; cba ; #### cba". The expert restates
+    its answer `think` times (drawn per problem from [think_min, think_max], default 1..3: the
+    redundant re-checking of an over-long chain of thought) before the final answer after `####`;
+    with think_max=0 it answers at once ("#### cba"). The answer is read after `####` (exact_match's
+    GSM8K convention), so the trace's length is free and only the final answer is verified."""
+    return TaskSpec("reverse_think", _reverse_think_problem, _reverse_think_demo, "exact_match",
+                    "string reversal after a variable-length restated trace")
+
+
 def make_problems(task: str, size: int, seed: int, kwargs: dict[str, Any] | None = None, split: str = "train") -> list[dict[str, Any]]:
     """`size` problems of a built-in task. Train and eval splits use disjoint seeds and the eval
     split drops prompts that also occur in train (held-out means unseen)."""

@@ -10,12 +10,19 @@ via `torch.where` BEFORE any `exp`, and the log-ratio is clamped to +-cfg.log_ra
 Metrics are 0-dim detached tensors averaged over the masked tokens of this call:
 clip_frac, clip_frac_low, clip_frac_high, ratio_mean, ratio_max, approx_kl (k3 of
 KL(pi_old || pi_theta) from samples of pi_old: (r - 1) - log r), plus dual_clip_frac when set.
+ppo_clip and cispo also split PPO's clipped set by token rarity (MiniMax-M1, arXiv 2506.13585
+§3.1: the clip drops low-probability "reflection" tokens): clip_frac_rare is the clipped share
+among the RARE_QUANTILE of masked tokens with the lowest pi_old probability in this call,
+clip_frac_common the share among the rest. Under ppo_clip those tokens lose their gradient; under
+cispo the same tokens keep it (only their IS weight is capped).
 
 The value loss of PPO is `compute_value_loss`; the entropy bonus has no function here: the
 caller aggregates the entropy with the same `agg_loss` as the policy loss (DESIGN rule 7).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -54,6 +61,26 @@ def _ratio_metrics(ratio_BT: torch.Tensor, log_ratio_BT: torch.Tensor, keep_BT: 
     }
 
 
+RARE_QUANTILE = 0.2  # the lowest-probability fifth of a call's tokens counts as "rare"
+
+
+def _rare_tokens(old_logp_BT: torch.Tensor, keep_BT: torch.Tensor, q: float = RARE_QUANTILE) -> torch.Tensor:
+    """[B,T] bool: the ceil(q * n) masked tokens with the lowest pi_old log-prob (ties included)."""
+    vals = old_logp_BT.detach().float()[keep_BT]
+    if vals.numel() == 0:
+        return torch.zeros_like(keep_BT)
+    k = max(1, math.ceil(q * vals.numel()))
+    cutoff = torch.kthvalue(vals, k).values
+    return keep_BT & (old_logp_BT.detach().float() <= cutoff)
+
+
+def _rarity_clip_metrics(clipped_BT: torch.Tensor, old_logp_BT: torch.Tensor, keep_BT: torch.Tensor) -> Metrics:
+    """The clipped share among rare tokens (lowest-probability quantile) and among the rest."""
+    rare_BT = _rare_tokens(old_logp_BT, keep_BT)
+    return {"clip_frac_rare": _masked_mean(clipped_BT.float(), rare_BT),
+            "clip_frac_common": _masked_mean(clipped_BT.float(), keep_BT & ~rare_BT)}
+
+
 def _clip_metrics(
     ratio_BT: torch.Tensor, adv_BT: torch.Tensor, keep_BT: torch.Tensor, cfg: PolicyLossConfig
 ) -> Metrics:
@@ -67,6 +94,12 @@ def _clip_metrics(
         "clip_frac_low": _masked_mean(low_BT.float(), keep_BT),
         "clip_frac_high": _masked_mean(high_BT.float(), keep_BT),
     }
+
+
+def _ppo_dropped(ratio_BT: torch.Tensor, adv_BT: torch.Tensor, cfg: PolicyLossConfig) -> torch.Tensor:
+    """[B,T] bool: tokens whose gradient PPO's clip removes (r < 1-eps_low, A < 0 or r > 1+eps_high, A > 0)."""
+    r = ratio_BT.detach()
+    return ((r < 1 - cfg.clip_low) & (adv_BT < 0)) | ((r > 1 + cfg.clip_high) & (adv_BT > 0))
 
 
 def _clipped_surrogate(
@@ -101,6 +134,7 @@ def compute_ppo_clip_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple
     ratio_BT = torch.exp(log_ratio_BT)
     loss_BT, metrics = _clipped_surrogate(ratio_BT, adv_BT, keep_BT, cfg)
     metrics.update(_clip_metrics(ratio_BT, adv_BT, keep_BT, cfg))
+    metrics.update(_rarity_clip_metrics(_ppo_dropped(ratio_BT, adv_BT, cfg), inp.old_logp_BT, keep_BT))
     metrics.update(_ratio_metrics(ratio_BT, log_ratio_BT, keep_BT))
     return loss_BT, metrics
 
@@ -155,6 +189,7 @@ def compute_cispo_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[to
         "clip_frac_low": _masked_mean(low_BT.float(), keep_BT),
         "clip_frac_high": _masked_mean(high_BT.float(), keep_BT),
     }
+    metrics.update(_rarity_clip_metrics(_ppo_dropped(ratio_BT, adv_BT, cfg), inp.old_logp_BT, keep_BT))
     metrics.update(_ratio_metrics(ratio_BT, log_ratio_BT, keep_BT))
     return _where_mask(loss_BT, keep_BT), metrics
 

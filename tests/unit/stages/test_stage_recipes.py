@@ -165,3 +165,18 @@ def test_comparison_configs_plan_their_stages():
     assert plan[1][1]["train"]["steps"] == 80 and plan[2][1]["train"]["steps"] == plan[3][1]["train"]["steps"] == 20
     plan = plan_stages(load_config("configs/dpo_then_rl.yaml"))
     assert [s.start_from for s, _ in plan] == [None, None, None, "sft"] and plan[2][1]["algo"]["kl"]["coef"] == 0.0
+
+
+def test_long2short_config_branches_every_method_from_the_long_start():
+    plan = plan_stages(load_config("configs/long2short.yaml"))
+    assert [(s.name, s.kind) for s, _ in plan] == [
+        ("long", "sft"), ("rl_long", "rl"), ("short", "sft"), ("merged", "merge"), ("rs_short", "rs_sft"),
+        ("dpo_short", "dpo"), ("rl_short", "rl")]
+    start = {s.name: s.start_from for s, _ in plan}
+    assert all(start[n] == "long" for n in ("short", "rs_short", "dpo_short", "rl_short"))
+    data = {s.name: d for s, d in plan}
+    assert data["short"]["data"]["task_kwargs"]["think_max"] == 0 and data["long"]["data"]["task_kwargs"]["think_min"] == 1
+    assert data["merged"]["merge"]["models"] == ["long", "short"]
+    assert data["rl_short"]["algo"]["shaping"]["length_penalty_coef"] > 0
+    assert data["rl_long"]["algo"]["shaping"]["length_penalty_coef"] == 0
+    assert data["rs_short"]["rs_sft"]["keep"] == "shortest" and data["dpo_short"]["dpo"]["pairs"] == "short_long"

@@ -125,3 +125,19 @@ def test_user_fault_in_one_file_by_module_path():
 def test_unknown_fault_lists_valid_names():
     with pytest.raises(ValueError, match="lr_spike"):
         get_fault_class("lr_spyke")
+
+
+def test_exploitable_judge_replaces_the_verifier_with_a_length_biased_judge():
+    from tether.health.faults.reward import length_judge
+
+    cfg = TetherConfig()
+    f = get_fault_class("exploitable_judge")("obvious", 1)
+    assert f.cause == "learned_reward_exploited" and "eval.every=5" in f.base
+    f.begin_step(_St(), cfg, 1)
+    f.begin_step(_St(), cfg, 2)  # once only
+    weights = {c.name: c.weight for c in cfg.reward.components}
+    assert weights == {"exact_match": 0.0, f.COMPONENT: 1.0}
+    assert cfg.reward.correctness == "exact_match"  # the verifier still decides `correct`
+    task = {"answer": "12"}
+    assert length_judge("12", task, bias=0.8) == pytest.approx(0.2 + 0.8 * 2 / 6)
+    assert length_judge("999999", task, bias=0.8) == pytest.approx(0.8)  # a long wrong reply beats the right one

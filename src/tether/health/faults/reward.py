@@ -118,3 +118,34 @@ class RewardErrors(Fault):
             cfg.reward.correctness = wrapped.name
         comps[0] = wrapped
         cfg.reward.components = comps
+
+
+def length_judge(text: str, task: Mapping[str, Any], *, bias: float = 0.8, chars: int = 6) -> float:
+    """A stand-in for an LLM judge with a length bias: it credits the verified answer with weight
+    1 - bias, and long replies with weight bias (full credit at `chars` characters)."""
+    from tether.rewards.verifiers import exact_match_reward
+
+    return (1.0 - bias) * exact_match_reward(text, task) + bias * min(1.0, len(text.strip()) / chars)
+
+
+@register_fault
+class ExploitableJudge(Fault):
+    """A learned judge stands in for the verifier (the verifier's weight is 0, it only scores
+    `correct`) and prefers longer answers — the judge/reward-model exploitation that DeepSeek-R1
+    caps its RM-based RL against (arXiv 2501.12948 §2.3.4). Evaluations every 5 steps give the
+    `learned_reward` detector the judge's held-out agreement with the verifier."""
+
+    name, family, cause, seam = "exploitable_judge", "reward", "learned_reward_exploited", "reward"
+    remediable = False  # switching the judge off leaves no reward at all: the right outcome is a halt
+    severities = {"subtle": {"bias": 0.5}, "obvious": {"bias": 0.8}}
+    base = ("eval.every=5",)
+    COMPONENT = "tether.health.faults.reward:length_judge"
+
+    def begin_step(self, st, cfg, step):
+        if any(c.name == self.COMPONENT for c in cfg.reward.components):
+            return
+        from tether.config import RewardComponentConfig
+
+        verifier = [c.model_copy(update={"weight": 0.0}) for c in cfg.reward.components]
+        judge = RewardComponentConfig(name=self.COMPONENT, weight=1.0, kwargs={"bias": self.p["bias"]})
+        _set_components(cfg, [*verifier, judge])

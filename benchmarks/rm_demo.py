@@ -33,7 +33,7 @@ def _rl_overrides(rm_dir: Path, sft_model: Path, steps: int) -> list[str]:
     comps = ("reward.components=[{name: exact_match, weight: 0.0}, {name: reward_model, "
              f"kwargs: {{path: '{rm_dir}', normalize: none}}}}]")
     return [f"model.path={sft_model}", comps, "reward.correctness=exact_match", f"train.steps={steps}",
-            "eval.every=10", "logging.progress=false", "health.mode=monitor"]
+            "eval.every=10", "logging.progress=false", "health.mode=advise"]
 
 
 def _findings(run: Path) -> list[dict]:

@@ -20,7 +20,8 @@ differences and their standard error. Otherwise Welch's: the difference of the m
 sqrt(se_a^2 + se_b^2). A difference is called "within noise" when its magnitude is below two
 standard errors.
 
-Resuming: a run whose directory holds `summary.json` is done and is not run again; an unfinished
+Resuming: a run whose directory holds a finished `summary.json` (a pipeline's says `complete`) is done
+and is not run again; an unfinished
 run's directory is moved aside (`seed-<s>.incomplete-<k>`, never deleted) and the run starts
 over. Runs execute as separate processes (`python -m tether.cli ...`), up to `workers` at a time
 (each with `run.threads` = cores / workers unless the overrides set it).
@@ -160,7 +161,7 @@ def compute_difference(ref: Mapping[int, float], other: Mapping[int, float]) -> 
     else:
         a, b = compute_arm_stats(list(ref.values())), compute_arm_stats(list(other.values()))
         diff, se, kind = b["mean"] - a["mean"], math.sqrt(a["se"] ** 2 + b["se"] ** 2), "welch"
-    noise = not (math.isfinite(se) and abs(diff) >= 2 * se)
+    noise = not (math.isfinite(se) and abs(diff) > 2 * se)  # 0 +- 0: no difference, "within noise"
     return {"diff": diff, "se": se, "kind": kind, "within_noise": noise}
 
 
@@ -294,6 +295,8 @@ def _collect(run_dir: Path, arm: Arm, seed: int, metric: str, extra: Sequence[st
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
+    if summary.get("complete") is False or summary.get("interrupted_in") or summary.get("interrupted"):
+        return None  # a pipeline writes summary.json after every stage; an interrupted run writes one too
     return {"arm": arm.label, "seed": seed, "run_dir": str(run_dir), "value": metric_of(summary, metric, run_dir),
             "extra": {m: metric_of(summary, m, run_dir) for m in extra},
             "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}

@@ -251,3 +251,23 @@ def test_explicit_arms_and_metrics_from_the_log(tmp_path):
     assert "| `top_k=3, keep=true` |" in (tmp_path / "sweep.md").read_text()
     with pytest.raises(SweepError, match="expected key.path=value"):
         SweepSpec(grid={}, seeds=[0], arm_list=[["nokey"]]).validate()
+
+
+def test_an_unfinished_pipeline_or_interrupted_run_is_not_collected_as_done(tmp_path):
+    from tether.sweep import Arm, _collect
+
+    arm = Arm(("a=1",))
+    for summary, done in (({"kind": "pipeline", "complete": False, "final_accuracy": 0.3}, False),
+                          ({"kind": "pipeline", "complete": True, "final_accuracy": 0.3}, True),
+                          ({"kind": "pipeline", "interrupted_in": "rl", "final_accuracy": 0.3}, False),
+                          ({"final_accuracy": 0.3, "interrupted": True}, False),
+                          ({"final_accuracy": 0.3, "interrupted": False}, True)):
+        (tmp_path / "summary.json").write_text(json.dumps(summary))
+        row = _collect(tmp_path, arm, 0, "final_accuracy")
+        assert (row is not None) == done, summary
+        assert row is None or row["value"] == 0.3
+
+
+def test_no_difference_with_no_spread_is_within_noise():
+    d = compute_difference({0: 0.5, 1: 0.5}, {0: 0.5, 1: 0.5})
+    assert d["diff"] == 0 and d["within_noise"]

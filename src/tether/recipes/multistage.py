@@ -176,7 +176,7 @@ def run_stages(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, log
             summary = STAGE_RUNNERS[st.kind](stage_cfg, sdir, resume_stage)
             if summary.get("interrupted"):
                 log(f"[tether pipeline] interrupted in stage {st.name}; resume with --resume --run-dir {rd.root}")
-                return _write_summary(rd, cfg, rows, (t0, c0), interrupted=st.name)
+                return _write_summary(rd, cfg, rows, (t0, c0), len(plan), interrupted=st.name)
             model = stage_model(sdir, start)
             heldout = evaluate_policy(stage_cfg, load_model_dir(model, stage_cfg, f"stage {st.name} output"))
             row = {"name": st.name, "kind": st.kind, "model": model, "started_from": start, "heldout": heldout,
@@ -187,11 +187,11 @@ def run_stages(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, log
         h = row["heldout"]
         log(f"[tether pipeline] after {st.name}: held-out pass@1 {h.get('eval/pass@1', float('nan')):.3f}"
             + (f", {h['eval/answer_tokens']:.1f} tokens per answer" if "eval/answer_tokens" in h else ""))
-        _write_summary(rd, cfg, rows, (t0, c0))
-    return _write_summary(rd, cfg, rows, (t0, c0))
+        _write_summary(rd, cfg, rows, (t0, c0), len(plan))
+    return _write_summary(rd, cfg, rows, (t0, c0), len(plan))
 
 
-def _write_summary(rd, cfg: TetherConfig, rows: list[dict[str, Any]], clocks: tuple[float, float],
+def _write_summary(rd, cfg: TetherConfig, rows: list[dict[str, Any]], clocks: tuple[float, float], planned: int,
                    interrupted: str | None = None) -> dict[str, Any]:
     """summary.json: the stages side by side, plus the first/last-stage figures the two-stage
     pipeline always reported (baseline = after the first stage, final = after the last)."""
@@ -201,6 +201,7 @@ def _write_summary(rd, cfg: TetherConfig, rows: list[dict[str, Any]], clocks: tu
     summary = {
         "kind": "pipeline", "task": cfg.data.task, "context_builder": cfg.env.context.builder, "seed": cfg.run.seed,
         "stages": rows, "interrupted_in": interrupted,
+        "complete": interrupted is None and len(rows) == planned,  # written after every stage: done only when True
         "baseline_accuracy": b, "final_accuracy": f, "accuracy_lift": None if b is None or f is None else f - b,
         "baseline_greedy_accuracy": first.get("eval/greedy_accuracy"), "final_greedy_accuracy": last.get("eval/greedy_accuracy"),
         "final_turns_mean": last.get("eval/turns_mean"), "final_answer_tokens": last.get("eval/answer_tokens"),

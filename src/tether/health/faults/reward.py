@@ -132,13 +132,13 @@ def length_judge(text: str, task: Mapping[str, Any], *, bias: float = 0.8, chars
 class ExploitableJudge(Fault):
     """A learned judge stands in for the verifier (the verifier's weight is 0, it only scores
     `correct`) and prefers longer answers — the judge/reward-model exploitation that DeepSeek-R1
-    caps its RM-based RL against (arXiv 2501.12948 §2.3.4). Evaluations every 5 steps give the
+    caps its RM-based RL against (arXiv 2501.12948 §2.3.4). Evaluations every 5 steps (4 samples per problem) give the
     `learned_reward` detector the judge's held-out agreement with the verifier."""
 
     name, family, cause, seam = "exploitable_judge", "reward", "learned_reward_exploited", "reward"
     remediable = False  # switching the judge off leaves no reward at all: the right outcome is a halt
     severities = {"subtle": {"bias": 0.5}, "obvious": {"bias": 0.8}}
-    base = ("eval.every=5",)
+    base = ("eval.every=5", "eval.samples=4")  # agreement needs correct and incorrect samples of one problem
     COMPONENT = "tether.health.faults.reward:length_judge"
 
     def begin_step(self, st, cfg, step):

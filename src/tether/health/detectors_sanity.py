@@ -46,7 +46,7 @@ what a correct implementation guarantees, whatever the model, task or hardware:
   post-SFT transient measured on healthy faultbench runs: 0.52 -> 0.19 -> 0.44).
 
 Each rule says why in its message; thresholds are documented constants, overridable with
-`health.thresholds` like every detector's. Pages: docs/health/sanity.md.
+`health.thresholds` like every detector's. Pages: docs/health/README.md ("Absolute sanity checks") and each mode's page.
 """
 
 from __future__ import annotations

@@ -314,8 +314,7 @@ class RunConfig(_Base):
     deterministic: bool | None = Field(
         None, description="torch deterministic algorithms; None: on for CPU-only runs (no measured cost there: "
                           "two-thread CPU runs otherwise drift apart in the last bits within a few steps), off with CUDA")
-    threads: PositiveInt | Literal["auto"] | None = Field(
-        None, description="torch intra-op threads; auto: the cores the load average leaves free (tether.hardware)")
+    threads: PositiveInt | Literal["auto"] | None = Field(None, description="torch threads; auto: cores the load leaves free")
     retain_memory: bool | None = Field(
         None, description="glibc malloc keeps freed memory for the next step instead of unmapping it (tether.runtime; "
                           "fewer page faults); None: on for CPU-only runs")

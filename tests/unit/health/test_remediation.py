@@ -281,6 +281,16 @@ def test_a_kept_kl_anchor_is_rebuilt_from_the_checkpoint_on_resume():
     assert restore_in_force(st3, cfg3, reverted) == [] and cfg3.algo.kl.coef == 0.0 and st3.ref is None
 
 
+def _clip_off_and_lr_x4(st, cfg, row, step):
+    """From step 15: clipping switched off and the LR 4x too high; the per-update KL scales with
+    the LR squared, and 10x more without clipping."""
+    if step == 15:
+        cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
+        st.optimizer.param_groups[0]["lr"] *= 4
+    lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
+    row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
+
+
 def test_a_repair_that_halves_the_update_size_stays_and_the_next_goes_on_top():
     """Clipping switched off AND the LR 4x too high (a copied config): restoring clipping brings the
     per-update KL from 160x to 16x healthy - not enough to silence kl_explosion, but part of the
@@ -289,11 +299,7 @@ def test_a_repair_that_halves_the_update_size_stays_and_the_next_goes_on_top():
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
-        if step == 15:
-            cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
-            st.optimizer.param_groups[0]["lr"] *= 4
-        lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
-        row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
+        _clip_off_and_lr_x4(st, cfg, row, step)
 
     assert _drive(mon, st, cfg, 40, edit) is None
     events = [(a["event"], a["action"]) for a in mon.actions]
@@ -308,11 +314,7 @@ def test_a_partial_repair_that_lost_accuracy_stays_and_the_next_starts_from_the_
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
-        if step == 15:
-            cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
-            st.optimizer.param_groups[0]["lr"] *= 4
-        lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
-        row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
+        _clip_off_and_lr_x4(st, cfg, row, step)
         if row["approx_kl"] > 0.05:  # the excess update size costs accuracy
             row["accuracy"] = row["reward/mean"] = 0.15
 

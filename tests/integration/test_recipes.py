@@ -27,6 +27,7 @@ def test_sft_learns(tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses[::5]
     assert (tmp_path / "sft" / "final_model" / "config.json").is_file()
     assert summary["steps"] == 40
+    assert 0 < summary["cpu_seconds"] < 50 * summary["wall_seconds"]  # process CPU time, load-independent
     assert summary["precision"]["precision"] in ("fp32", "bf16") and summary["precision"]["cpu"]  # tether.hardware
 
 
@@ -43,6 +44,7 @@ def test_rl_learns_a_length_reward(tmp_path):
     assert len(r) == 12
     assert sum(r[-3:]) / 3 > sum(r[:3]) / 3 + 0.15, r
     assert summary["steps"] == 12 and summary["nonfinite_steps"] == 0
+    assert 0 < summary["cpu_seconds"] < 50 * summary["wall_seconds"]
     assert json.loads((tmp_path / "rl" / "summary.json").read_text())["precision"]["reason"]  # tether.hardware
     assert list((tmp_path / "rl" / "samples").glob("step_*.jsonl.gz"))
     assert list((tmp_path / "rl" / "plots").glob("*.png"))

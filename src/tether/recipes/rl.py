@@ -210,7 +210,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
            collect=collect_groups, build=make_train_batch, kind: str = "rl", overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json.
     An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     start = do_open_run(run_dir, cfg, kind, resume, overwrite)
     rd, ckpt = start.run_dir, start.checkpoint
     seed_run(cfg.run)
@@ -271,6 +271,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     plot_metrics(rows, rd.plots_dir)
     summary = {
         "kind": kind, "steps": st.step, "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t_start,
+        "cpu_seconds": time.process_time() - c_start,  # this process, all threads (this invocation): load-independent
         # final_* describe the last evaluation after training started (none if interrupted before one)
         "baseline_accuracy": first_eval.get("eval/pass@1"),
         "final_accuracy": last_eval.get("eval/pass@1") if last_eval is not first_eval or st.step == 0 else None,

@@ -41,7 +41,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     """Train on demonstrations for `cfg.sft.steps` steps; returns the policy and a summary.
     `records`: train on these sequences instead (recipes/rs_sft.py's accepted samples).
     An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     begin = do_open_run(run_dir, cfg, "sft", resume, overwrite)
     rd, ckpt = begin.run_dir, begin.checkpoint
     seed_run(cfg.run)
@@ -94,7 +94,8 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     policy.tokenizer.save_pretrained(str(final))
     sinks.close()
     summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,
-               "final_model": str(final), "wall_seconds": time.perf_counter() - t_start, "interrupted": bool(stop),
+               "final_model": str(final), "wall_seconds": time.perf_counter() - t_start,
+               "cpu_seconds": time.process_time() - c_start, "interrupted": bool(stop),
                "precision": precision_summary(cfg, policy), "nonfinite_steps": update.nonfinite_steps}
     rd.write_summary(summary)
     return policy, summary

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tether.config import load_config
 from tether.recipes.rl import run_rl
@@ -56,6 +57,8 @@ def test_option_runs_and_reports(tmp_path, name):
         assert all("value_loss" in r and r["optimizer_steps"] == 4 for r in steps)
     if name == "k3_iw_adaptive_reset":
         assert all(r.get("kl/reference_reset") == 1.0 for r in steps)
+        ckpt = torch.load(sorted((tmp_path / "checkpoints").glob("step_*"))[-1] / "optimizer.pt", weights_only=False)
+        assert ckpt["state"] == {}  # ProRL: the optimizer state is re-initialised with the reference
         assert steps[-1]["kl_coef"] != 0.01  # the controller moved beta
     if name == "tis_sequence_mask":
         assert all("off_policy_mask_frac" in r and "is_weight_mean" in r for r in steps)

@@ -172,6 +172,7 @@ def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups,
         st.update.kl_coef = st.kl_ctl.update(um["kl_loss"], 1)
     if st.ref is not None and a.kl.reset_every and (st.step + 1) % a.kl.reset_every == 0:
         reset_reference(st.ref, st.policy)
+        st.optimizer.state.clear()  # ProRL §2.2 also re-initialises the optimizer state (Adam moments, step count)
         metrics["kl/reference_reset"] = 1.0
     t3 = time.perf_counter()
     metrics.update({

@@ -9,18 +9,13 @@ suggested; combinations that would silently do nothing are rejected with the fix
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import PositiveInt, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tether.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config problem, with a message that names the key and the fix."""
+from tether.config_text import ConfigError, apply_overrides, format_validation_error, parse_override
 
 
 class _Base(BaseModel):
@@ -439,70 +434,11 @@ def find_noop_combinations(cfg: TetherConfig) -> list[str]:
 # ----------------------------------------------------------------------------- loading
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (['a','b','c'], value parsed as YAML: 3 -> int, true -> bool)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} is not of the form key.path=value")
-    key, raw = text.split("=", 1)
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r}: empty key segment")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for ov in overrides:
-        path, value = parse_override(ov)
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[path[-1]] = value
-    return data
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model class that owns the field at `loc` (for 'did you mean')."""
-    model: Any = TetherConfig
-    for part in loc:
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return model
-        model = field.annotation
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        dotted = ".".join(str(p) for p in loc) or "<root>"
-        if e["type"] == "extra_forbidden":
-            owner = _model_at(loc[:-1])
-            valid = sorted(owner.model_fields) if owner else []
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = f" — did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))!r}?" if close else ""
-            lines.append(f"unknown key {dotted!r}{hint} (valid here: {', '.join(valid)})")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            got = "" if e["type"] == "value_error" else f" (got {e.get('input')!r})"
-            lines.append(f"{dotted}: {msg}{got}" if loc else msg)
-    return f"invalid config {source}: " + "; ".join(lines)
-
-
 def build_config(data: dict[str, Any], source: str = "<dict>") -> TetherConfig:
     try:
         return TetherConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        raise ConfigError(format_validation_error(err, source, TetherConfig)) from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TetherConfig:

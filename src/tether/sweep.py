@@ -11,6 +11,8 @@ Layout of the sweep directory:
     <out>/<arm>/seed-<s>/         one ordinary run directory (`tether train` / `tether pipeline`)
     <out>/<arm>/seed-<s>.log      that run's output
     <out>/sweep.json, sweep.md    per-run values, the table; plots/sweep.png
+    <out>/prepare/<name>/         a `prepare:` step's run (e.g. the SFT every arm starts from), run
+                                  before the arms; arms refer to it as {prepare.<name>} (tether.sweep_prepare)
 
 Statistics (`compute_sweep_table`): an arm's mean and its standard error s / sqrt(n) with the
 sample standard deviation (ddof = 1). Arms are compared with the first arm. When both arms ran
@@ -47,6 +49,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from tether.sweep_prepare import referenced, run_prepare, substitute
+
 COMMANDS = ("train", "pipeline", "sft")
 
 
@@ -79,6 +83,7 @@ class SweepSpec:
     overrides: list[str] = field(default_factory=list)
     arm_list: list[list[str]] = field(default_factory=list)  # explicit arms (instead of, or before, the grid)
     extra_metrics: list[str] = field(default_factory=list)  # recorded per run and tabled too
+    prepare: dict[str, dict] = field(default_factory=dict)  # runs the arms start from (tether.sweep_prepare)
 
     def arms(self) -> list[Arm]:
         explicit = [Arm(tuple(a)) for a in self.arm_list]
@@ -100,6 +105,11 @@ class SweepSpec:
                 raise SweepError(f"--grid {key}: no values (expected {key}=v1,v2)")
             if key == "run.seed":
                 raise SweepError("--grid run.seed: use --seeds for seeds")
+        texts = [*self.overrides, *(o for a in self.arms() for o in a.overrides)]
+        missing = sorted(referenced(texts) - set(self.prepare))
+        if missing:
+            raise SweepError(f"{{prepare.{missing[0]}}} is used but sweep.prepare defines no step {missing[0]!r} "
+                             f"(defined: {', '.join(self.prepare) or 'none'})")
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
@@ -179,7 +189,8 @@ def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = No
     """A value of summary.json by key, or a dotted path into it ("final_eval.eval/pass@1"); a list of
     named entries is indexed by name (a pipeline's "stages.rl_alone.heldout.eval/pass@1").
     `mean:<key>` / `last:<key>` / `max:<key>` / `sum:<key>`: over the training steps (step >= 1) of
-    metrics.jsonl; `<agg>:<key>@<stage>` reads a pipeline stage's (`sum:rollout/gen_tokens@distilled`).
+    metrics.jsonl; `firstK:<key>` / `lastK:<key>` (e.g. first5, last5): the mean of the first / last K
+    of those steps; `<agg>:<key>@<stage>` reads a pipeline stage's (`sum:rollout/gen_tokens@distilled`).
     `A - B` (spaces around the minus): the per-run difference of two metrics, so that a comparison
     of two stages inside one pipeline run gets a mean and standard error over seeds."""
     left, minus, right = metric.partition(" - ")
@@ -187,12 +198,16 @@ def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = No
         a, b = metric_of(summary, left.strip(), run_dir), metric_of(summary, right.strip(), run_dir)
         return None if a is None or b is None else a - b
     agg, sep, key = metric.partition(":")
-    if sep and agg in ("mean", "last", "max", "sum"):
+    window = re.fullmatch(r"(first|last)([1-9][0-9]*)", agg)
+    if sep and (agg in ("mean", "last", "max", "sum") or window):
         key, at, stage = key.partition("@")
         vals = [float(r[key]) for r in _metrics_rows(run_dir, stage if at else None) if r.get("step", 0) >= 1
                 and isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))] if run_dir else []
         if not vals:
             return None
+        if window:  # first5 / last5: the mean of the first / last 5 training steps
+            part = vals[:int(window.group(2))] if window.group(1) == "first" else vals[-int(window.group(2)):]
+            return sum(part) / len(part)
         return {"mean": sum(vals) / len(vals), "last": vals[-1], "max": max(vals), "sum": sum(vals)}[agg]
     if metric in summary:
         v: Any = summary[metric]
@@ -266,7 +281,7 @@ def load_sweep_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     block = raw.pop("sweep", None) or {}
     if not isinstance(block, dict):
         raise SweepError(f"{path}: `sweep:` must be a mapping (grid, seeds, command, metric, workers)")
-    valid = {"grid", "arms", "seeds", "command", "metric", "extra_metrics", "workers"}
+    valid = {"grid", "arms", "seeds", "command", "metric", "extra_metrics", "workers", "prepare", "overrides"}
     unknown = set(block) - valid
     if unknown:
         raise SweepError(f"{path}: unknown sweep key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}")
@@ -279,7 +294,8 @@ def _prepare_dir(out: Path, base: Mapping[str, Any], spec: SweepSpec) -> None:
     spec_path, want = out / "sweep_spec.json", asdict(spec)
     if spec_path.exists():
         have = json.loads(spec_path.read_text())
-        diff = sorted(k for k in want if have.get(k) != want[k])
+        defaults = asdict(SweepSpec(grid={}, seeds=[]))  # a key an older sweep_spec.json lacks has its default
+        diff = sorted(k for k in want if have.get(k, defaults.get(k)) != want[k])
         if diff:
             raise SweepError(f"{out} holds a different sweep (differs in {', '.join(diff)}); "
                              "use another --out, or the same grid/seeds/command/metric to resume it")
@@ -290,13 +306,21 @@ def _prepare_dir(out: Path, base: Mapping[str, Any], spec: SweepSpec) -> None:
     spec_path.write_text(json.dumps(want, indent=1))
 
 
-def _collect(run_dir: Path, arm: Arm, seed: int, metric: str, extra: Sequence[str] = ()) -> dict[str, Any] | None:
+def _finished(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary.json if the run finished (not interrupted; a pipeline's says complete), else None."""
     path = run_dir / "summary.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
     if summary.get("complete") is False or summary.get("interrupted_in") or summary.get("interrupted"):
         return None  # a pipeline writes summary.json after every stage; an interrupted run writes one too
+    return summary
+
+
+def _collect(run_dir: Path, arm: Arm, seed: int, metric: str, extra: Sequence[str] = ()) -> dict[str, Any] | None:
+    summary = _finished(run_dir)
+    if summary is None:
+        return None
     return {"arm": arm.label, "seed": seed, "run_dir": str(run_dir), "value": metric_of(summary, metric, run_dir),
             "extra": {m: metric_of(summary, m, run_dir) for m in extra},
             "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
@@ -324,6 +348,7 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
     out = Path(out)
     _prepare_dir(out, base, spec)
     arms = spec.arms()
+    prepared = run_prepare(spec.prepare, spec.seeds, out, run_fn, _finished, _move_aside, log, SweepError)
     threads = [] if any(o.startswith("run.threads=") for o in spec.overrides) or workers <= 1 else [
         f"run.threads={max(1, (os.cpu_count() or 2) // workers)}"]
     todo, results = [], []
@@ -343,7 +368,8 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
 
     def one(arm: Arm, seed: int, run_dir: Path) -> tuple[Arm, int, Path, int, float]:
         _move_aside(run_dir)
-        argv = [spec.command, str(out / "base.yaml"), *spec.overrides, *arm.overrides, *threads, f"run.seed={seed}"]
+        argv = [spec.command, str(out / "base.yaml"), *substitute([*spec.overrides, *arm.overrides], spec.prepare, out, seed),
+                *threads, f"run.seed={seed}"]
         t = time.perf_counter()
         code = run_fn(argv, run_dir, run_dir.with_name(f"seed-{seed}.log"))
         return arm, seed, run_dir, code, time.perf_counter() - t
@@ -368,20 +394,24 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
                     f"({secs:.0f}s)  ETA {_fmt_eta(eta)}")
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return write_sweep_results(out, spec, arms, results, failures)
+    return write_sweep_results(out, spec, arms, results, failures, prepared)
 
 
 def write_sweep_results(out: Path, spec: SweepSpec, arms: Sequence[Arm], results: Sequence[Mapping[str, Any]],
-                        failures: Sequence[str] = ()) -> dict[str, Any]:
+                        failures: Sequence[str] = (), prepared: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     rows = compute_sweep_table(results, arms, spec.metric)
     extra_tables = {m: compute_sweep_table([{**r, "value": r.get("extra", {}).get(m)} for r in results], arms, m)
                     for m in spec.extra_metrics}
     order = {(a.label, s): i for i, (a, s) in enumerate(itertools.product(arms, spec.seeds))}
     payload = {"spec": asdict(spec), "table": rows, "extra_tables": extra_tables, "failures": list(failures),
-               "runs": sorted(results, key=lambda r: order.get((r["arm"], int(r["seed"])), 0)),
+               "prepare": list(prepared), "runs": sorted(results, key=lambda r: order.get((r["arm"], int(r["seed"])), 0)),
                "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     (out / "sweep.json").write_text(json.dumps(payload, indent=1, default=float))
-    (out / "sweep.md").write_text("\n\n".join([format_table(rows), *(format_table(t) for t in extra_tables.values())]) + "\n")
+    prep = [f"prepare `{p['name']}`{'' if p['seed'] is None else ' seed ' + str(p['seed'])}: {p['run_dir']} ("
+            + ", ".join(f"{k}={p['summary'][k]:.4g}" for k in ("final_loss", "final_accuracy", "wall_seconds") if isinstance(p["summary"].get(k), (int, float)))
+            + ")" for p in prepared]
+    (out / "sweep.md").write_text("\n\n".join([format_table(rows), *(format_table(t) for t in extra_tables.values()),
+                                              *(["\n".join(f"- {x}" for x in prep)] if prep else [])]) + "\n")
     plot_sweep(rows, out / "plots" / "sweep.png")
     return payload
 

@@ -17,15 +17,16 @@ def _fail(message: str, code: int = 2) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def sweep(
-        config: Path = typer.Argument(..., help="YAML config (may hold a `sweep:` block: grid, seeds, command, metric, workers)"),
+        config: Path = typer.Argument(..., help="YAML config (may hold a `sweep:` block: grid, arms, seeds, command, metric, workers, "
+                                                 "overrides, prepare: runs the arms start from, as {prepare.NAME})"),
         overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides applied to every run"),
         grid: Optional[List[str]] = typer.Option(None, "--grid", help="key.path=v1,v2 (repeat for a cartesian product)"),
         arm: Optional[List[str]] = typer.Option(None, "--arm", help="one explicit arm: 'k=v k2=v2' (repeatable; before the grid)"),
         seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated run seeds (default: 0,1,2)"),
         command: Optional[str] = typer.Option(None, "--command", help="what each run is: train | pipeline | sft (default train)"),
         metric: Optional[str] = typer.Option(None, "--metric", help="summary.json key compared (default final_accuracy); "
-                                             "mean:KEY / last:KEY / max:KEY / sum:KEY read metrics.jsonl (KEY@STAGE: a "
-                                             "pipeline stage's); stages.NAME.heldout.eval/pass@1: a pipeline stage's "
+                                             "mean:KEY / last:KEY / max:KEY / sum:KEY / first5:KEY / last5:KEY read metrics.jsonl "
+                                             "(KEY@STAGE: a pipeline stage's); stages.NAME.heldout.eval/pass@1: a pipeline stage's "
                                              "held-out metric; 'A - B': the per-run difference of two metrics"),
         extra_metric: Optional[List[str]] = typer.Option(None, "--extra-metric", help="further metrics to table (repeatable)"),
         workers: Optional[int] = typer.Option(None, "--workers", help="runs at a time (default 1)"),
@@ -34,7 +35,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a grid of configs x seeds (resumable); mean +- s.e. per arm and differences -> sweep.json, sweep.md."""
         from tether.cli import _load, _offline_env
-        from tether.sweep import SweepError, SweepSpec, format_table, load_sweep_config, parse_grid, parse_seeds, run_sweep
+        from tether.sweep import (
+            COMMANDS, SweepError, SweepSpec, format_table, load_sweep_config, parse_grid, parse_seeds, run_sweep)
+        from tether.sweep_prepare import resolve_prepare, substitute
 
         _offline_env()
         try:
@@ -44,19 +47,22 @@ def register(app: typer.Typer) -> None:
                 grid=parse_grid(grid) if grid else {str(k): [str(v) for v in vs] for k, vs in (block.get("grid") or {}).items()},
                 seeds=parse_seeds(seeds if seeds is not None else block.get("seeds", [0, 1, 2])),
                 command=command or block.get("command", "train"), metric=metric or block.get("metric", "final_accuracy"),
-                overrides=list(overrides or []),
+                overrides=[str(o) for o in block.get("overrides") or []] + list(overrides or []),
                 arm_list=[a.split() for a in arm] if arm else [[str(o) for o in a] for a in (block.get("arms") or [])],
-                extra_metrics=list(extra_metric or block.get("extra_metrics") or []))
+                extra_metrics=list(extra_metric or block.get("extra_metrics") or []),
+                prepare=resolve_prepare(block.get("prepare"), config.parent, COMMANDS, SweepError))
             spec.validate()
             n_workers = workers if workers is not None else int(block.get("workers", 1))
             if n_workers < 1:
                 raise SweepError(f"--workers must be >= 1, got {n_workers}")
         except SweepError as err:
             _fail(str(err))
-        # every arm's config must load before anything runs: a typo fails now, not after an hour
-        for arm in spec.arms():
-            _check_arm(base, spec.overrides + list(arm.overrides), _load)
         rd = out or Path("runs") / f"{base['run']['name']}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+        # every arm's (and prepare step's) config must load before anything runs: a typo fails now, not after an hour
+        for step in spec.prepare.values():
+            _check_arm(step["config"], step["overrides"], _load)
+        for arm in spec.arms():
+            _check_arm(base, substitute(spec.overrides + list(arm.overrides), spec.prepare, rd, spec.seeds[0]), _load)
         try:
             payload = run_sweep(spec, base, rd, workers=n_workers)
         except SweepError as err:

@@ -1,0 +1,117 @@
+"""`prepare:` steps of a `tether sweep`: runs that the arms start from (e.g. one SFT model shared by every
+arm and seed), run by the sweep itself before its arms, once, and skipped on resume once finished — so
+that a comparison that needs a starting model is still one command.
+
+    sweep:
+      prepare:
+        sft:                          # a name; the arms refer to its run directory as {prepare.sft}
+          config: reverse_sft.yaml    # relative to the sweep's config file (or an inline mapping)
+          command: sft                # train | pipeline | sft (default sft)
+          overrides: [sft.steps=250]  # optional, applied to this step only
+          per_seed: false             # true: one run per sweep seed (run.seed=<s>), {prepare.sft} -> its own
+      overrides: ["model.path={prepare.sft}/final_model"]    # applied to every arm (or put it in an arm)
+
+Layout: `<out>/prepare/<name>.yaml` (the step's config), `<out>/prepare/<name>/` its run directory
+(`<out>/prepare/<name>/seed-<s>/` when per_seed) with the log beside it. A step is done when its
+run directory holds a finished summary.json (the same test as an arm's run); an unfinished one is
+moved aside and run again. The steps run one at a time before any arm; they do not receive the
+sweep's command-line overrides (their config is another file). Their summaries (scalars) go into
+sweep.json under `prepare`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+PLACEHOLDER = re.compile(r"\{prepare\.([A-Za-z0-9_-]+)\}")
+STEP_KEYS = {"config", "command", "overrides", "per_seed"}
+
+
+def resolve_prepare(block: Any, config_dir: Path, commands: Sequence[str], error: type[Exception]) -> dict[str, dict]:
+    """The sweep block's `prepare:` mapping -> {name: {command, config (a mapping), overrides, per_seed}}.
+    A `config:` path is read relative to `config_dir`; its own `sweep:` block, if any, is dropped."""
+    if not block:
+        return {}
+    if not isinstance(block, Mapping):
+        raise error("sweep.prepare: expected a mapping of step names to {config, command, overrides, per_seed}")
+    steps: dict[str, dict] = {}
+    for name, step in block.items():
+        where = f"sweep.prepare.{name}"
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+            raise error(f"{where}: a step name may hold letters, digits, '_' and '-' only")
+        if not isinstance(step, Mapping) or "config" not in step:
+            raise error(f"{where}: expected a mapping with a `config:` (a YAML path or an inline mapping)")
+        unknown = set(step) - STEP_KEYS
+        if unknown:
+            raise error(f"{where}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(STEP_KEYS))}")
+        command = str(step.get("command", "sft"))
+        if command not in commands:
+            raise error(f"{where}.command {command!r} is not one of {', '.join(commands)}")
+        config = step["config"]
+        if not isinstance(config, Mapping):
+            path = (config_dir / str(config)).resolve()
+            try:
+                config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+                raise error(f"{where}.config: cannot read {path} ({type(err).__name__})") from None
+            if not isinstance(config, Mapping):
+                raise error(f"{where}.config: {path} is not a YAML mapping")
+        config = {k: v for k, v in config.items() if k != "sweep"}
+        overrides = step.get("overrides") or []
+        if not isinstance(overrides, list) or any("=" not in str(o) for o in overrides):
+            raise error(f"{where}.overrides: expected a list of key.path=value")
+        steps[str(name)] = {"command": command, "config": config, "overrides": [str(o) for o in overrides],
+                            "per_seed": bool(step.get("per_seed", False))}
+    return steps
+
+
+def referenced(texts: Sequence[str]) -> set[str]:
+    """The prepare step names that `{prepare.NAME}` placeholders in `texts` refer to."""
+    return {m for t in texts for m in PLACEHOLDER.findall(t)}
+
+
+def step_dir(out: Path, name: str, step: Mapping[str, Any], seed: int) -> Path:
+    return out / "prepare" / name / f"seed-{seed}" if step.get("per_seed") else out / "prepare" / name
+
+
+def substitute(overrides: Sequence[str], prepare: Mapping[str, Mapping], out: Path, seed: int) -> list[str]:
+    """Replace `{prepare.NAME}` in every override by that step's run directory (for this seed)."""
+    return [PLACEHOLDER.sub(lambda m: str(step_dir(out, m.group(1), prepare[m.group(1)], seed)), o) for o in overrides]
+
+
+def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, run_fn: Callable,
+                finished: Callable[[Path], dict | None], move_aside: Callable[[Path], None],
+                log: Callable[[str], None], error: type[Exception]) -> list[dict[str, Any]]:
+    """Run every prepare step (each seed of a per-seed one) whose run is not finished yet; one record
+    per run: name, seed (None: once), run_dir, ran (False: found finished), seconds, summary scalars."""
+    records = []
+    for name, step in prepare.items():
+        cfg_path = out / "prepare" / f"{name}.yaml"
+        cfg_path.parent.mkdir(parents=True, exist_ok=True)
+        cfg_path.write_text(yaml.safe_dump(dict(step["config"]), sort_keys=False))
+        for seed in (seeds if step["per_seed"] else [None]):
+            run_dir = step_dir(out, name, step, seed if seed is not None else 0)
+            summary, ran, secs = finished(run_dir), False, 0.0
+            if summary is None:
+                move_aside(run_dir)
+                argv = [step["command"], str(cfg_path), *step["overrides"], *([f"run.seed={seed}"] if seed is not None else [])]
+                label = name if seed is None else f"{name} seed {seed}"
+                log(f"[tether sweep] prepare {label}: {step['command']} -> {run_dir}")
+                t = time.perf_counter()
+                code = run_fn(argv, run_dir, run_dir.with_name(f"{run_dir.name}.log"))
+                secs, ran = time.perf_counter() - t, True
+                summary = finished(run_dir) if code == 0 else None
+                if summary is None:
+                    raise error(f"prepare step {label} failed (exit {code}); see {run_dir.with_name(run_dir.name + '.log')}")
+                log(f"[tether sweep] prepare {label}: done ({secs:.0f}s)")
+            records.append({"name": name, "seed": seed, "run_dir": str(run_dir), "ran": ran, "seconds": secs,
+                            "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
+    return records
+
+
+__all__ = ["resolve_prepare", "referenced", "substitute", "run_prepare", "step_dir"]

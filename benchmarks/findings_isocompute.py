@@ -3,6 +3,11 @@ per budget, the best (B_p, M) at each rollouts-per-problem n with its mean ± st
 seeds (ddof 1), n* (the best n), and the planner's picks and ranks.
 
     python benchmarks/findings_isocompute.py --out benchmarks/results/findings/isocompute/from_plan_sweep.json
+
+--src may also be plan_sweep.py's own output (runs/plan_sweep/summary.json, after
+`python benchmarks/plan_sweep.py --task count --budgets 1024,4096 --seeds 0,1,2`, `... --budgets 8192
+--seeds 0,1`, `... --budgets 16384 --seeds 0`): its planner pick (`plan`, the current rule) is
+reported as "v2"; the committed benchmarks/results/plan_sweep.json also holds the v1 picks of commit 8bc8ba7.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     src = json.loads(args.src.read_text())
+    if "settings" not in src:  # plan_sweep.py's summary.json: {task@budget: result}; its pick is the current rule (v2)
+        src = {"command": "benchmarks/plan_sweep.py (runs/plan_sweep/summary.json)", "setup": "", "settings": {
+            k: {**r, "seeds": len(r["table"][0]["values"]),
+                "v2": {"pick": r["plan"], "rank": r["plan_rank"], "pass@1": r["plan_pass@1"]}} for k, r in src.items()}}
     out = {"source": str(args.src), "source_command": src["command"], "setup": src["setup"], "budgets": {}}
     for name, s in sorted(src["settings"].items(), key=lambda kv: (kv[1]["task"], kv[1]["budget"])):
         best_by_n: dict[int, dict] = {}

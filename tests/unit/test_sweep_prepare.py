@@ -64,7 +64,7 @@ def test_a_kill_after_prepare_does_not_redo_it_and_a_kill_during_it_does(tmp_pat
         run_sweep(_spec(), {}, tmp_path, run_fn=killed, log=lambda m: None)
     # (a queued run may still be picked up by the worker thread while the kill propagates)
     done = len([p for p in tmp_path.glob("a=*/seed-*/summary.json")])
-    assert 1 <= done <= 2
+    assert 1 <= done <= 3
     resumed = Runs()
     payload = run_sweep(_spec(), {}, tmp_path, run_fn=resumed, log=lambda m: None)
     assert [c[0] for c in resumed.calls] == ["train"] * (4 - done)  # the complete prepare step is reused

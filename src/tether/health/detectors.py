@@ -177,15 +177,19 @@ class GradSpikeDetector(Detector):
 @register_detector
 class KLExplosionDetector(Detector):
     """Per-update policy change (approx_kl between pi_old and pi) or the KL to the reference
-    growing far faster than during the baseline window."""
+    growing far faster than during the baseline window.
+
+    Mean KLs only: the largest per-token importance ratio (`ratio_max`) is an extreme-value
+    statistic of thousands of tokens, with heavy tails in healthy runs (60 healthy faultbench
+    runs: 5-9x a baseline median of ~2 on 3 runs, with approx_kl at its baseline) - a rule on it
+    alarms on healthy runs, and every fault that moves the policy too far moves the mean KL too."""
 
     name, mode = "kl_explosion", "kl_explosion"
     defaults = {"factor": 8.0, "z": 10.0, "floor": 1e-3}
 
     def evaluate(self, h, ctx):
-        for key in ("approx_kl", "kl_loss", "ratio_max"):
-            floor = self.p["floor"] if key != "ratio_max" else 1.0 + 10 * self.p["floor"]
-            level, x, base = _spike(h, key, self.p["factor"] if key != "ratio_max" else 1.0, self.p["z"], floor)
+        for key in ("approx_kl", "kl_loss"):
+            level, x, base = _spike(h, key, self.p["factor"], self.p["z"], self.p["floor"])
             if level:
                 return level, f"{key} {x:.3g} vs baseline {base.median:.3g}", {key: _ev(x, base)}
         return OK

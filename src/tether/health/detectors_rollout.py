@@ -242,17 +242,24 @@ class LogpGapDetector(Detector):
 class StallDetector(Detector):
     """Steps taking far longer than during the baseline because ONE phase (generate, reward, env,
     batch, update) slowed down: a slow reward, environment or sync. A machine shared with other
-    jobs slows every phase alike; that is not reported. Hangs are the watchdog's (monitor.py)."""
+    jobs slows every phase alike; that is not reported. Hangs are the watchdog's (monitor.py).
+
+    The step must be `factor` (3) x slower - or `phase_step` (1.5) x slower when the phase that
+    grew is `phase_factor` (10) x slower than during the baseline: a component that became an
+    order of magnitude slower while the rest of the step did not is a stalled component even when
+    it was a small part of the step (a reward at 2% of a step that takes 70x longer: a 2.4x step).
+    Load from other jobs stretches phases by a few x, not 10x, and stretches all of them."""
 
     name, mode = "stall", "stall"
-    defaults = {"factor": 3.0, "z": 10.0, "phase_share": 0.6, "phase_ratio": 2.0}
+    defaults = {"factor": 3.0, "z": 10.0, "phase_share": 0.6, "phase_ratio": 2.0, "phase_step": 1.5, "phase_factor": 10.0}
     PHASES = ("time/generate", "time/reward", "time/env", "time/batch", "time/update")
 
     def evaluate(self, h, ctx):
         base, x = h.baseline("time/step"), _recent_mean(h, "time/step", 2)
         if base is None or x is None:
             return OK
-        if x <= max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale):
+        slow = x > max(self.p["factor"] * base.median, base.median + self.p["z"] * base.scale)
+        if not slow and x <= self.p["phase_step"] * base.median:
             return OK
         grew, ratio = {}, {}
         for key in self.PHASES:
@@ -266,6 +273,8 @@ class StallDetector(Detector):
         # a machine shared with other jobs slows every substantial phase alike: not a stalled component
         big = [r for k, r in ratio.items() if k != phase and h.baseline(k).median >= 0.1 * base.median]
         if big and ratio[phase] < self.p["phase_ratio"] * max(big):
+            return OK
+        if not slow and ratio[phase] < self.p["phase_factor"]:
             return OK
         level = 2 if x > 4 * self.p["factor"] * base.median else 1
         return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s, mostly in {phase}", {

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from tether.health.detectors import Finding
+from tether.health.detectors import Finding, RunContext
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,18 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3, "kl_explosion": -1.5, "grad_spike": -1},
           ("drop_entropy_bonus", "raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor"),
     Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
-          {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3},
+          {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3,
+           "proxy_reward": -2},
           ("downweight_component", "raise_kl"), "fix the loophole in the verifier / shaping term; down-weight it"),
     Cause("learned_reward_exploited", "reward", "a learned reward (reward model, judge) is being exploited: "
           "it no longer agrees with the verifier on held-out probes",
-          {"learned_reward": 5, "learned_reward:agreement": 3, "reward_hacking": 0.5}, ("downweight_component", "halt"),
+          {"learned_reward": 5, "learned_reward:agreement": 3, "reward_hacking": 0.5, "proxy_reward": 8},
+          ("downweight_component", "halt"),
           "stop RL against it (DeepSeek-R1 caps RM-based RL), retrain the RM on the policy's recent samples, "
           "or mix in a verifiable reward; down-weight the component"),
     Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
           {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
-           "reward_linkage": -5},
+           "reward_linkage": -5, "proxy_reward": -3},
           (), "check the verifier / judge on labelled samples; increase n or use a stricter verifier"),
     Cause("misaligned_reward", "reward", "the reward scores the wrong thing (inverted, or attached to the wrong samples)",
           {"reward_linkage": 2, "reward_linkage:linkage": 6, "reward_linkage:inverted": 6, "reward_noise": 0.5,
@@ -119,8 +121,23 @@ class Hypothesis:
                 "actions": list(self.actions), "advice": self.advice}
 
 
-def signatures(f: Finding) -> list[str]:
-    """The fingerprint keys a finding matches: its detector, plus `detector:rule`/direction."""
+REWARD_SIGNALS = ("reward_noise", "reward_hacking", "reward_linkage", "learned_reward")
+
+
+def proxy_reward(ctx: RunContext | None) -> bool:
+    """The training reward is not the verifier: the correctness component is unpaid (weight 0)
+    while another component is paid - a reward model, a judge, a rubric standing in for it."""
+    if ctx is None or not ctx.correctness:
+        return False
+    w = ctx.reward_weights
+    return w.get(ctx.correctness, 1.0) == 0.0 and any(v != 0.0 for k, v in w.items() if k != ctx.correctness)
+
+
+def signatures(f: Finding, proxy: bool = False) -> list[str]:
+    """The fingerprint keys a finding matches: its detector, plus `detector:rule`/direction, plus
+    `proxy_reward` for a reward-vs-verdict finding when the paid reward is a proxy of the verifier
+    (then a correct sample left unpaid or a wrong one paid is the proxy disagreeing with the
+    verifier - what `learned_reward_exploited` names - not noise in a verifier)."""
     keys = [f.detector]
     for k in ("rule", "direction"):
         v = f.evidence.get(k)
@@ -128,15 +145,19 @@ def signatures(f: Finding) -> list[str]:
             v = next((e.get(k) for e in f.evidence.values() if isinstance(e, dict) and e.get(k)), None)
         if v:
             keys.append(f"{f.detector}:{v}")
+    if proxy and f.detector in REWARD_SIGNALS:
+        keys.append("proxy_reward")
     return keys
 
 
-def diagnose(findings: Iterable[Finding]) -> list[Hypothesis]:
-    """Ranked hypotheses (best first) explaining `findings` (the recent ones of a run)."""
+def diagnose(findings: Iterable[Finding], ctx: RunContext | None = None) -> list[Hypothesis]:
+    """Ranked hypotheses (best first) explaining `findings` (the recent ones of a run); `ctx`:
+    the run's reward context (a proxy reward makes reward findings point at it)."""
     latest: dict[str, Finding] = {}
     first_since: dict[str, int] = {}
+    proxy = proxy_reward(ctx)
     for f in findings:
-        for key in signatures(f):
+        for key in signatures(f, proxy):
             prev = latest.get(key)
             if prev is None or f.severity == "critical" or prev.severity != "critical":
                 latest[key] = f

@@ -78,7 +78,7 @@ def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None) -> tup
     finally:
         lg.setLevel(level)
     episode = _episode(mon.findings)
-    return mon.findings, diagnose(episode)
+    return mon.findings, diagnose(episode, contexts[max(contexts)])
 
 
 def _episode(findings: list[Finding]) -> list[Finding]:

@@ -186,12 +186,12 @@ class HealthMonitor:
         if found:
             self.history.exclude([step])
             self.findings.extend(found)
-            self._diagnose(step)
+            self._diagnose(step, ctx)
         return found
 
-    def _diagnose(self, step: int) -> None:
+    def _diagnose(self, step: int, ctx: RunContext | None = None) -> None:
         recent = [f for f in self.findings if f.step > step - 10]
-        hyps = diagnose(recent)
+        hyps = diagnose(recent, ctx)
         previous = self.diagnosis[0].cause if self.diagnosis else None
         if hyps and hyps[0].cause != previous:
             self._write({"kind": "diagnosis", "step": step, "hypotheses": [h.to_json() for h in hyps[:3]]})

@@ -243,7 +243,9 @@ def _guard_masking(rows: list[dict]) -> str | None:
     return None
 
 
-_HARM = ("grad_spike", "kl_explosion", "nonfinite", "regression")
+# signs that a trial's change did not stop the damage; update_size is the absolute per-update KL
+# check (> 0.5 nats), the relative kl_explosion rule's twin when the run's baseline KL was already high
+_HARM = ("grad_spike", "kl_explosion", "update_size", "nonfinite", "regression")
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("lower_lr", "lower the learning rate by the update-size evidence (0.3x or less)",
            _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3, scaled=True)),

@@ -4,6 +4,7 @@ it documents, a few steps after the change starts."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -65,6 +66,46 @@ def test_fires_after_the_change(name):
     assert first.since >= 15 and first.mode == DETECTORS[name].mode
     assert any(f.severity == "critical" for f in found)
     assert first.evidence and first.message
+
+
+def test_kl_explosion_ignores_the_healthy_tail_of_the_max_ratio():
+    """The largest per-token ratio of a healthy step wanders 2x-9x (faultbench's 60 healthy runs:
+    three false alarms from a rule on it) while the mean KL stays put: no finding; a mean KL far
+    above its baseline still is one."""
+    rng = random.Random(0)
+
+    def tail(row, step):
+        row["ratio_max"] = 2.0 + 7.0 * rng.random()  # healthy window: ~2
+
+    rows = series(30, 6, {"t": tail})
+    for r in rows[:14]:
+        r["ratio_max"] = 2.0 + 0.1 * rng.random()
+    assert replay(rows, detector="kl_explosion") == []
+    rows = series(30, 6, {"t": tail, **CASES["kl_explosion"]})
+    assert replay(rows, detector="kl_explosion")
+
+
+def test_stall_of_a_small_phase_that_became_ten_times_slower():
+    """A reward at 5% of the step taking 30x longer: the step only 2.4x slower (below the 3x
+    rule) - still a stalled component. Load that stretches the biggest phase 4x (a 2.5x step),
+    or every phase alike, is not."""
+    def slow_reward(row, step):
+        row["time/reward"] = 0.3
+        row["time/step"] += 0.29
+
+    found = replay(series(30, 7, {"r": slow_reward}), detector="stall")
+    assert found and 15 <= found[0].step <= 17 and found[0].evidence["phase"] == "time/reward"
+
+    def busy_update(row, step):
+        row["time/step"] += 3 * row["time/update"]
+        row["time/update"] *= 4
+
+    def busy_machine(row, step):
+        for k in ("time/step", "time/generate", "time/reward", "time/batch", "time/update"):
+            row[k] *= 2.5
+
+    assert replay(series(30, 7, {"u": busy_update}), detector="stall") == []
+    assert replay(series(30, 7, {"m": busy_machine}), detector="stall") == []
 
 
 def test_waits_for_the_baseline_window():

@@ -281,12 +281,12 @@ def test_a_kept_kl_anchor_is_rebuilt_from_the_checkpoint_on_resume():
     assert restore_in_force(st3, cfg3, reverted) == [] and cfg3.algo.kl.coef == 0.0 and st3.ref is None
 
 
-def _clip_off_and_lr_x4(st, cfg, row, step):
+def _clip_off_and_lr_x4(st, cfg, row, step, lr_factor=4):
     """From step 15: clipping switched off and the LR 4x too high; the per-update KL scales with
     the LR squared, and 10x more without clipping."""
     if step == 15:
         cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
-        st.optimizer.param_groups[0]["lr"] *= 4
+        st.optimizer.param_groups[0]["lr"] *= lr_factor
     lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
     row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
 
@@ -322,4 +322,25 @@ def test_a_partial_repair_that_lost_accuracy_stays_and_the_next_starts_from_the_
     events = [(a["event"], a["action"]) for a in mon.actions]
     assert events[:3] == [("apply", "restore_clip"), ("keep", "restore_clip"), ("apply", "lower_lr")]
     assert mon.actions[1]["partial"] and mon.actions[2]["rollback_to"] is not None and mon.actions[2]["rollback_to"] < 15
+    assert cfg.algo.policy_loss.clip_low == 0.2
+
+
+def test_the_absolute_update_size_check_counts_as_harm_in_a_trial():
+    """The LR 8x too high with clipping off; restoring clipping leaves ~0.6 nats per update (64x
+    healthy, down from 640x), which costs accuracy. Here only the absolute check (`update_size`:
+    > 0.5 nats) sees it - the relative KL rule is off, as when its baseline was already high (a
+    multi-epoch config; faultbench clip_disabled seed 1). Restoring clipping is part of the repair
+    (kept, partial), not reverted for the accuracy the remaining excess costs."""
+    st, cfg = _state(), _cfg(disable=["kl_explosion"])
+    mon = HealthMonitor(cfg)
+
+    def edit(row, step):
+        _clip_off_and_lr_x4(st, cfg, row, step, lr_factor=8)
+        if row["approx_kl"] > 0.05:
+            row["accuracy"] = row["reward/mean"] = 0.15
+
+    _drive(mon, st, cfg, 40, edit)
+    events = [(a["event"], a["action"]) for a in mon.actions]
+    assert events[:3] == [("apply", "restore_clip"), ("keep", "restore_clip"), ("apply", "lower_lr")], events
+    assert mon.actions[1]["partial"] and mon.actions[2]["rollback_to"] is not None
     assert cfg.algo.policy_loss.clip_low == 0.2

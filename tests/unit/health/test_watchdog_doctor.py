@@ -62,6 +62,22 @@ def test_diagnosis_ranks_the_cause_whose_fingerprint_fits():
     assert diagnose([]) == []
 
 
+def test_reward_findings_under_a_proxy_reward_point_at_the_learned_reward():
+    """The same findings as a noisy verifier (correct samples unpaid, wrong ones paid) when the
+    verifier is unpaid (weight 0) and a judge carries the reward: the judge disagrees with the
+    verifier - learned_reward_exploited (faultbench exploitable_judge), not noisy_reward."""
+    from tether.health.detectors import RunContext
+
+    noise = [_finding("reward_noise", 13, rule="correct_unpaid"), _finding("reward_hacking", 14, rule="paid_wrong")]
+    judge = RunContext("exact_match", {"exact_match": 0.0, "my:judge": 1.0})
+    assert diagnose(noise, judge)[0].cause == "learned_reward_exploited"
+    verifier_paid = RunContext("exact_match", {"exact_match": 1.0, "my:judge": 1.0})
+    assert diagnose(noise, verifier_paid)[0].cause == "noisy_reward"
+    assert diagnose(noise)[0].cause == "noisy_reward"
+    lr = [_finding("grad_spike", 16), _finding("kl_explosion", 16)]  # not a reward finding: unchanged
+    assert diagnose(lr, judge)[0].cause == "lr_too_high"
+
+
 def _write_run(path, rows, events=()):
     path.mkdir(parents=True, exist_ok=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, **r}) + "\n" for i, r in enumerate(rows, 1)))

@@ -21,7 +21,10 @@ Scores (results.json):
                                    its last diagnosis), over detected runs
   diagnosis_family_top1            the same at the family level
   remediation_success              remediable faults whose damage (healthy - advise outcome >=
-                                   delta) auto mode recovered by at least half, running to the end
+                                   delta) auto mode recovered by at least half, running to the end;
+                                   "healthy" is the healthy control of the same seed in the fault's
+                                   own base config (`base-<fault>` controls) when the fault has one
+  remediation_success_plain_ref    the same against the plain base run's healthy control
   salvage_rate                     the same, counting runs halted at their last healthy weights
   harm_rate                        auto runs (faulty and healthy) ending > delta below advise
 """
@@ -64,7 +67,11 @@ class Case:
     @property
     def id(self) -> str:
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.fault or "healthy")  # user specs hold ':' and '/'
-        return f"{name}-{self.severity or 'none'}-s{self.seed}-{self.mode}" + (f"-{self.variant}" if self.variant else "")
+        variant = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.variant)
+        return f"{name}-{self.severity or 'none'}-s{self.seed}-{self.mode}" + (f"-{variant}" if variant else "")
+
+
+BASE_VARIANT = "base-"  # healthy control in a fault's own base config: variant "base-<fault>"
 
 
 def prepare_base(cache: Path, extra: list[str] | None = None) -> Path:
@@ -99,6 +106,10 @@ def _case_overrides(case: Case, model: Path, steps: int, start: int, extra: list
         ov += list(cls.base)  # the fault's own base-config overrides
         ov.append(f"health.inject=[{{name: {json.dumps(case.fault)}, severity: {case.severity}, "
                   f"start: {fault_start(cls, start)}}}]")
+    elif case.variant.startswith(BASE_VARIANT):
+        from tether.health.faults import get_fault_class
+
+        ov += list(get_fault_class(case.variant[len(BASE_VARIANT):]).base)
     ov += (variants or {}).get(case.variant, [])
     return ov
 
@@ -183,18 +194,23 @@ def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int
                auto_remediable_only: bool = False) -> list[Case]:
     """Healthy controls (both modes; each variant in advise mode) and every fault at each of
     `severities` that its class defines (a one-severity fault runs once per seed and mode);
-    `auto_remediable_only`: auto mode only for remediable faults (and the healthy controls)."""
+    `auto_remediable_only`: auto mode only for remediable faults (and the healthy controls).
+    A remediable fault with a `base` config also gets healthy controls in that config (advise,
+    the fault's seeds): the reference its repairs are scored against."""
     from tether.health.faults import get_fault_class
 
     cases = [Case(None, None, s, m) for s in healthy_seeds for m in modes]
     cases += [Case(None, None, s, "advise", v) for v in variants for s in healthy_seeds]
+    if "auto" in modes:
+        cases += [Case(None, None, s, "advise", BASE_VARIANT + f) for f in faults
+                  if get_fault_class(f).remediable and get_fault_class(f).base for s in seeds]
     cases += [Case(f, sev, s, m) for f in faults for sev in severities if sev in get_fault_class(f).severities
               for s in seeds for m in modes if m == "advise" or not auto_remediable_only or get_fault_class(f).remediable]
 
     order = {key: i for i, key in enumerate(dict.fromkeys((c.fault, c.severity) for c in cases))}
 
     def rank(c: Case) -> tuple:  # seed-major: healthy advise, faults (modes together), healthy auto, variants
-        pool = seeds if c.fault else healthy_seeds
+        pool = seeds if c.fault or c.variant.startswith(BASE_VARIANT) else healthy_seeds
         k = pool.index(c.seed) * max(len(seeds), 1) // max(len(pool), 1) if c.seed in pool else 0
         later = c.fault is None and c.mode != "advise" or bool(c.variant)
         return (k, later, order[(c.fault, c.severity)], c.mode != "advise", c.variant)
@@ -298,10 +314,18 @@ def _variant_false_alarms(records: list[dict]) -> dict[str, Any]:
     """False alarms of the healthy controls repeated under each variant (precision, threads)."""
     fa: dict[str, list[bool]] = {}
     for r in records:
-        if r["case"]["fault"] is None and r["case"].get("variant"):
+        if r["case"]["fault"] is None and r["case"].get("variant"):  # base-<fault> controls too
             fa.setdefault(r["case"]["variant"], []).append(r.get("first_alarm_step") is not None)
     return {"false_alarm_rate_variants": {v: _rate(x) for v, x in sorted(fa.items())},
             "false_alarm_runs_variants": {v: len(x) for v, x in sorted(fa.items())}}
+
+
+def _per_fault_table(rows: dict[str, dict]) -> list[dict[str, Any]]:
+    return [{**{k: row[k] for k in ("fault", "severity", "family", "cause", "remediable", "runs", "detected", "top1", "top3")},
+             "delay_median": statistics.median(row["delays"]) if row["delays"] else None,
+             "healthy_acc": _mean(row["healthy_acc"]), "advise_acc": _mean(row["advise_acc"]),
+             "auto_acc": _mean(row["auto_acc"]), "repaired": f"{sum(row['repaired'])}/{len(row['repaired'])}",
+             "harmed": sum(row["harmed"]), "actions": row["actions"]} for _, row in sorted(rows.items())]
 
 
 def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
@@ -316,7 +340,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
     faulty = [r for r in ok if r["case"]["fault"] is not None and r["case"]["mode"] == "advise"]
     rows, det = {}, {"subtle": [], "obvious": []}
     delays, top1, top3, fam1 = [], [], [], []
-    repair, salvage, harm = [], [], []
+    repair, salvage, harm, repair_plain = [], [], [], []
     for r in faulty:
         c = r["case"]
         cls = registry.get(c["fault"])
@@ -325,7 +349,9 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         hit = r.get("first_alarm_step") is not None
         det[c["severity"]].append(hit)
         auto = by.get(Case(c["fault"], c["severity"], c["seed"], "auto").id)
-        healthy_ref = h_adv.get(c["seed"], {}).get("final_train_acc", h_mean)
+        plain_ref = h_adv.get(c["seed"], {}).get("final_train_acc", h_mean)
+        own = by.get(Case(None, None, c["seed"], "advise", BASE_VARIANT + c["fault"]).id)
+        healthy_ref = own["final_train_acc"] if own is not None else plain_ref  # the same config without the fault
         row = rows.setdefault(f"{c['fault']}/{c['severity']}", {
             "fault": c["fault"], "severity": c["severity"], "family": family, "cause": cause,
             "remediable": bool(cls and cls.remediable), "runs": 0, "detected": 0, "delays": [], "top1": 0, "top3": 0,
@@ -357,16 +383,12 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
                 repair.append(recovered and completed)  # repaired: ran to the end and recovered half the damage
                 salvage.append(recovered)  # halting at the last healthy weights counts here
                 row["repaired"].append(recovered and completed)
+            if cls and cls.remediable and plain_ref is not None and plain_ref - f >= delta:
+                repair_plain.append(a - f >= 0.5 * (plain_ref - f) and auto.get("halted") is None and not auto.get("crash"))
     for seed, r in h_auto.items():
         if seed in h_adv:
             harm.append(r["final_train_acc"] < h_adv[seed]["final_train_acc"] - delta)
-    table = []
-    for key, row in sorted(rows.items()):
-        table.append({**{k: row[k] for k in ("fault", "severity", "family", "cause", "remediable", "runs", "detected", "top1", "top3")},
-                      "delay_median": statistics.median(row["delays"]) if row["delays"] else None,
-                      "healthy_acc": _mean(row["healthy_acc"]), "advise_acc": _mean(row["advise_acc"]),
-                      "auto_acc": _mean(row["auto_acc"]), "repaired": f"{sum(row['repaired'])}/{len(row['repaired'])}",
-                      "harmed": sum(row["harmed"]), "actions": row["actions"]})
+    table = _per_fault_table(rows)
     return {
         "recall_obvious": _rate(det["obvious"]), "recall_subtle": _rate(det["subtle"]),
         "false_alarm_rate": _rate([r.get("first_alarm_step") is not None for r in h_adv.values()]),
@@ -376,6 +398,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         "steps_to_detect_median": statistics.median(delays) if delays else None,
         "diagnosis_top1": _rate(top1), "diagnosis_top3": _rate(top3), "diagnosis_family_top1": _rate(fam1),
         "remediation_success": _rate(repair), "remediation_cases": len(repair), "salvage_rate": _rate(salvage),
+        "remediation_success_plain_ref": _rate(repair_plain), "remediation_cases_plain_ref": len(repair_plain),
         "halt_rate_faulty_auto": _rate([r.get("halted") is not None for r in ok if r["case"]["fault"] and r["case"]["mode"] == "auto"]),
         "harm_rate": _rate(harm), "harm_cases": len(harm), "delta": delta,
         "healthy_acc_mean": h_mean, "healthy_acc_std": statistics.stdev(h_scores) if len(h_scores) >= 2 else None,
@@ -390,6 +413,7 @@ def format_results(res: dict[str, Any]) -> str:
     keys = ("recall_obvious", "recall_subtle", "false_alarm_rate", "false_alarm_runs", "false_alarm_rate_variants",
             "false_alarm_rate_prefault", "steps_to_detect_median",
             "diagnosis_top1", "diagnosis_top3", "diagnosis_family_top1", "remediation_success", "remediation_cases",
+            "remediation_success_plain_ref", "remediation_cases_plain_ref",
             "salvage_rate", "halt_rate_faulty_auto", "wall_seconds", "cpu_seconds_runs",
             "harm_rate", "harm_cases", "delta", "healthy_acc_mean", "runs")
     lines = [f"{k:28s} {f(res.get(k))}" for k in keys]

@@ -98,3 +98,32 @@ def test_rescore_marks_a_benchmark_cut_short_as_partial(tmp_path):
     assert res.exit_code == 0, res.output
     out = json.loads((tmp_path / "results.json").read_text())
     assert out["partial"] is True and out["runs_done"] == 4 and out["false_alarm_rate"] == 0.25
+
+
+def test_repairs_are_scored_against_a_healthy_run_in_the_faults_own_base_config():
+    """clip_disabled runs 3 epochs per batch (its `base`): a healthy 3-epoch run ends lower than
+    the plain base run, and the damage auto mode must undo is measured from it, not from the
+    plain run (whose extra accuracy no repair of the fault could bring back)."""
+    from tether.recipes.faultbench import compute_results
+
+    cases = make_cases(["clip_disabled", "lr_spike"], ("obvious",), [0, 1], [0], auto_remediable_only=True)
+    own = [c for c in cases if c.variant == "base-clip_disabled"]
+    assert [(c.seed, c.mode, c.fault) for c in own] == [(0, "advise", None), (1, "advise", None)]
+    assert not any(c.variant == "base-lr_spike" for c in cases)  # no base config: the plain controls
+    ov = _case_overrides(own[0], "m", 30, 13, [])
+    assert "algo.epochs=3" in ov and not any(o.startswith("health.inject") for o in ov)
+
+    def rec(case, acc):
+        return {"id": case.id, "case": {"fault": case.fault, "severity": case.severity, "seed": case.seed,
+                                        "mode": case.mode, "variant": case.variant},
+                "final_train_acc": acc, "first_alarm_step": 14 if case.fault else None, "diagnosis": ["lr_too_high"],
+                "diagnosis_family": ["optimisation"], "actions": [], "halted": None}
+
+    records = [rec(Case(None, None, 0, "advise"), 0.5), rec(Case(None, None, 0, "auto"), 0.5),
+               rec(Case("clip_disabled", "obvious", 0, "advise"), 0.1), rec(Case("clip_disabled", "obvious", 0, "auto"), 0.22)]
+    registry = {"clip_disabled": get_fault_class("clip_disabled")}
+    plain = compute_results(records, registry, 13)  # no own-config control: the plain run (0.5) is the reference
+    assert plain["remediation_success"] == 0.0 and plain["per_fault"][0]["healthy_acc"] == 0.5
+    both = compute_results(records + [rec(own[0], 0.3)], registry, 13)  # 0.12 of the 0.2 damage recovered
+    assert both["remediation_success"] == 1.0 and both["per_fault"][0]["healthy_acc"] == 0.3
+    assert both["remediation_success_plain_ref"] == 0.0

@@ -1,18 +1,24 @@
 """A learned reward standing in for a hidden verifier (issue 19): SFT -> reward model -> RL against it.
 
-    python benchmarks/rm_demo.py [--seeds 0] [--out runs/rm-demo] [--quick]
+    python benchmarks/rm_demo.py [--seeds 0] [--out runs/rm-demo] [--arms rm,weak_rm] [--quick]
 
-1. SFT on the reverse task's weak-teacher demonstrations (configs/reverse.yaml).
-2. A Bradley-Terry reward model (`tether rm`) from the SFT policy's own samples, paired by the
-   verifier (correct over incorrect) — the only place the verifier is used for training.
+1. SFT on the reverse task's weak-teacher demonstrations (configs/reverse.yaml); reused when
+   `<out>/seed-N/sft/final_model` exists.
+2. A Bradley-Terry reward model (`tether rm`) from preference pairs labelled by the verifier — the
+   only place the verifier is used for training: the reference answer over each distinct wrong
+   sample of the SFT policy (8 samples per problem at temperatures 1.0 and 1.5), and over a few
+   rule-made corruptions of the reference (a letter changed, two swapped, one dropped or added,
+   the word not reversed, empty, doubled: the off-distribution answers RL would otherwise find
+   first). Held-out pair accuracy is measured on other training problems' pairs of the reference
+   and the SFT policy's own wrong samples (temperature 1.0): the pairs RL meets first.
 3. RL against the reward model alone: `exact_match` stays in the config with weight 0, so the
    policy never sees it; it is the verified correctness that held-out pass@1 and the health layer
-   read (`reward.correctness`).
-4. The same RL against a deliberately weak reward model (`rm.steps` tiny, few pairs), to see
-   whether the health layer flags the exploitation (the `reward_hacking` detector's findings in
-   health.jsonl, and when they came relative to the held-out accuracy).
+   read (`reward.correctness`). A KL anchor to the SFT policy (`algo.kl.coef`).
+4. The same RL against a deliberately weak reward model (verifier pairs of 16 problems, 3 steps),
+   evaluated every 2 steps: the step of the health layer's first `learned_reward` finding (as
+   `tether doctor` replays it from metrics.jsonl) vs the first evaluation 5 points below the start.
 
-Writes benchmarks/results/rm_demo.json (every figure, the CPU it ran on, wall times).
+Writes benchmarks/results/rm_demo.json (every figure, the CPU it ran on, wall and CPU seconds).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
+import resource
 import time
 from pathlib import Path
 
@@ -27,21 +35,77 @@ from tether.config import load_config
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "configs" / "reverse.yaml"
+RL = {"train.steps": 40, "eval.every": 5, "algo.kl.coef": 0.05, "train.lr": 1e-4}
+WEAK_RL = {"train.steps": 20, "eval.every": 2, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 
 
-def _rl_overrides(rm_dir: Path, sft_model: Path, steps: int) -> list[str]:
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def corruptions(answer: str, word: str, rng: random.Random, k: int, alphabet: str = "abcdefgh") -> list[str]:
+    """Up to k distinct wrong answers made from the reference by rule."""
+    def sub():
+        i = rng.randrange(len(answer))
+        return answer[:i] + rng.choice([c for c in alphabet if c != answer[i]]) + answer[i + 1:]
+
+    def swap():
+        i = rng.randrange(len(answer) - 1)
+        return answer[:i] + answer[i + 1] + answer[i] + answer[i + 2:]
+
+    makers = [sub, sub, swap, lambda: answer[:-1], lambda: answer[1:], lambda: answer + rng.choice(alphabet),
+              lambda: word, lambda: "", lambda: answer + answer, lambda: answer[: rng.randrange(len(answer))]]
+    out: list[str] = []
+    for make in rng.sample(makers, len(makers)):
+        x = make()
+        if x != answer and x not in out:
+            out.append(x)
+        if len(out) == k:
+            break
+    return out
+
+
+def build_pairs(cfg, sft_model: Path, problems: list[dict], temps: tuple[float, ...], n: int, corrupt: int,
+                seed: int) -> list[dict[str, str]]:
+    """Reference over each distinct wrong sample of the policy (per temperature), plus `corrupt`
+    rule-made wrong answers per problem."""
+    import torch
+
+    from tether.policy.hf import load_policy
+    from tether.rollout import make_rollout
+
+    policy = load_policy(str(sft_model), cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
+    gen, rng = torch.Generator().manual_seed(seed), random.Random(seed)
+    pairs = []
+    for temp in temps:
+        sampling = cfg.rollout.sampling.model_copy(update={"temperature": temp})
+        groups, _ = make_rollout(cfg).run(policy, problems, n, sampling, gen)
+        for g in groups:
+            ref, seen = g.task["answer"], set()
+            for t in g.trajectories:
+                text = t.info.get("text", "")
+                if t.reward.correct is False and text.strip() != ref and text not in seen:
+                    seen.add(text)
+                    pairs.append({"prompt": g.task["prompt"], "chosen": ref, "rejected": text})
+    for p in problems if corrupt else []:
+        word = p["prompt"].split()[-1].rstrip(":")
+        pairs += [{"prompt": p["prompt"], "chosen": p["answer"], "rejected": x}
+                  for x in corruptions(p["answer"], word, rng, corrupt)]
+    return pairs
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rl_overrides(rm_dir: Path, sft_model: Path, extra: dict) -> list[str]:
     comps = ("reward.components=[{name: exact_match, weight: 0.0}, {name: reward_model, "
              f"kwargs: {{path: '{rm_dir}', normalize: none}}}}]")
-    return [f"model.path={sft_model}", comps, "reward.correctness=exact_match", f"train.steps={steps}",
-            "eval.every=10", "logging.progress=false", "health.mode=advise"]
-
-
-def _findings(run: Path) -> list[dict]:
-    path = run / "health.jsonl"
-    if not path.exists():
-        return []
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [r for r in rows if r.get("kind") == "finding"]
+    return [f"model.path={sft_model}", comps, "reward.correctness=exact_match", "logging.progress=false",
+            "health.mode=advise"] + [f"{k}={v}" for k, v in extra.items()]
 
 
 def _eval_curve(run: Path) -> list[tuple[int, float]]:
@@ -49,35 +113,72 @@ def _eval_curve(run: Path) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["eval/pass@1"])) for r in rows if "eval/pass@1" in r]
 
 
-def run_seed(seed: int, out: Path, quick: bool) -> dict:
+def doctor_flags(run: Path) -> dict:
+    """What `tether doctor RUN` reports: the replayed learned-reward findings and the diagnosis."""
+    from tether.health.doctor import _load_config, _load_rows, replay
+
+    cfg = _load_config(run)
+    findings, hyps = replay(_load_rows(run), cfg, run)
+    mine = [f.to_json() for f in findings if f.detector == "learned_reward"]
+    return {"first_learned_reward_step": mine[0]["step"] if mine else None, "learned_reward_findings": mine[:4],
+            "other_detectors": sorted({f.detector for f in findings} - {"learned_reward"}),
+            "diagnosis": hyps[0].cause if hyps else None}
+
+
+def first_fall(curve: list[tuple[int, float]], points: float = 0.05) -> int | None:
+    base = curve[0][1]
+    return next((s for s, a in curve[1:] if a <= base - points), None)
+
+
+def run_arm(name: str, rm_over: list[str], rl_extra: dict, base: list[str], sft_model: Path, out: Path) -> dict:
     from tether.recipes.rl import run_rl
     from tether.recipes.rm import run_rm
+
+    t, c = time.perf_counter(), cpu_seconds()
+    rm = run_rm(load_config(CONFIG, base + [f"model.path={sft_model}"] + rm_over), out / name, overwrite=True)
+    res = {"rm": {"pair_accuracy": rm["final_pair_accuracy"], "baseline_pair_accuracy": rm["baseline_pair_accuracy"],
+                  "train_pairs": rm["train_pairs"], "eval_pairs": rm["eval_pairs"], "overrides": rm_over,
+                  "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}}
+    t, c = time.perf_counter(), cpu_seconds()
+    over = base + _rl_overrides(out / name / "final_model", sft_model, rl_extra)
+    rl = run_rl(load_config(CONFIG, over), out / f"rl_{name}", overwrite=True)
+    curve = _eval_curve(out / f"rl_{name}")
+    res["rl"] = {"overrides": over, "baseline_accuracy": rl["baseline_accuracy"], "final_accuracy": rl["final_accuracy"],
+                 "best_accuracy": max(a for _, a in curve), "lift_points": 100 * (rl["final_accuracy"] - rl["baseline_accuracy"]),
+                 "eval_curve": curve, "first_5pt_fall_step": first_fall(curve), **doctor_flags(out / f"rl_{name}"),
+                 "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}
+    return res
+
+
+def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
+    from tether.recipes.common import setup_problems
     from tether.recipes.sft import run_sft
 
-    base = [f"run.seed={seed}", "logging.progress=false"] + (["sft.steps=60", "train.steps=6"] if quick else [])
-    t0 = time.perf_counter()
-    cfg = load_config(CONFIG, base)
-    run_sft(cfg, out / "sft")
+    base = [f"run.seed={seed}", "run.threads=1", "logging.progress=false"] + (["sft.steps=60"] if quick else [])
+    res: dict = {"seed": seed}
+    t, c = time.perf_counter(), cpu_seconds()
     sft_model = out / "sft" / "final_model"
-    t_sft = time.perf_counter() - t0
-    rm_steps, weak_steps = (20, 2) if quick else (200, 3)
-    res = {"seed": seed, "sft_seconds": t_sft}
-    for name, extra in (("rm", [f"rm.steps={rm_steps}"]),
-                        ("weak_rm", [f"rm.steps={weak_steps}", "rm.problems=16", "rm.lr=5e-4"])):
-        t = time.perf_counter()
-        rm = run_rm(load_config(CONFIG, base + [f"model.path={sft_model}"] + extra), out / name)
-        res[name] = {"pair_accuracy": rm["final_pair_accuracy"], "pairs": rm["train_pairs"] + rm["eval_pairs"],
-                     "baseline_pair_accuracy": rm["baseline_pair_accuracy"], "seconds": time.perf_counter() - t}
-        t = time.perf_counter()
-        steps = 6 if quick else 60
-        rl = run_rl(load_config(CONFIG, base + _rl_overrides(out / name / "final_model", sft_model, steps)), out / f"rl_{name}")
-        curve = _eval_curve(out / f"rl_{name}")
-        finds = [f for f in _findings(out / f"rl_{name}") if "reward" in str(f.get("detector", f.get("mode", "")))]
-        res[f"rl_{name}"] = {"baseline_accuracy": rl["baseline_accuracy"], "final_accuracy": rl["final_accuracy"],
-                             "lift_points": 100 * ((rl["final_accuracy"] or 0) - (rl["baseline_accuracy"] or 0)),
-                             "eval_curve": curve, "reward_findings": finds[:5],
-                             "first_reward_finding_step": min((int(f.get("step", 1 << 30)) for f in finds), default=None),
-                             "seconds": time.perf_counter() - t}
+    reused = (sft_model / "config.json").exists()
+    if not reused:
+        run_sft(load_config(CONFIG, base), out / "sft")
+    res["sft"] = {"seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c, "reused": reused}
+    cfg = load_config(CONFIG, base)
+    train, _ = setup_problems(cfg)
+    if "rm" in arms:
+        t, c = time.perf_counter(), cpu_seconds()
+        n_train, n_eval = (64, 32) if quick else (800, 200)
+        pairs = build_pairs(cfg, sft_model, train[:n_train], (1.0, 1.5), 8, 0, seed)
+        pairs += build_pairs(cfg, sft_model, train[:2000], (), 0, 4, seed)
+        held = build_pairs(cfg, sft_model, train[n_train:n_train + n_eval], (1.0,), 8, 0, seed + 1)
+        p, e = write_jsonl(out / "pairs" / "train.jsonl", pairs), write_jsonl(out / "pairs" / "eval.jsonl", held)
+        res["pairs"] = {"train": len(pairs), "eval": len(held), "seconds": time.perf_counter() - t,
+                        "cpu_seconds": cpu_seconds() - c}
+        rm_over = [f"rm.pairs={p}", f"rm.eval_pairs={e}", f"rm.steps={60 if quick else 1500}", "rm.batch_size=32",
+                   "rm.lr=1e-4", "rm.eval_every=250"]
+        res["rm"] = run_arm("rm", rm_over, {**RL, "train.steps": 6} if quick else RL, base, sft_model, out)
+    if "weak_rm" in arms:
+        weak = ["rm.steps=3", "rm.problems=16", "rm.lr=5e-4"]
+        res["weak_rm"] = run_arm("weak_rm", weak, {**WEAK_RL, "train.steps": 4} if quick else WEAK_RL, base, sft_model, out)
     return res
 
 
@@ -85,24 +186,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--out", default="runs/rm-demo")
+    ap.add_argument("--arms", default="rm,weak_rm")
     ap.add_argument("--quick", action="store_true", help="a smoke run (minutes): tiny steps, numbers meaningless")
     ap.add_argument("--results", default=str(HERE / "results" / "rm_demo.json"))
     a = ap.parse_args()
     from tether.hardware import cpu_info
 
-    t0 = time.perf_counter()
-    seeds = [int(s) for s in a.seeds.split(",")]
-    runs = [run_seed(s, Path(a.out) / f"seed-{s}", a.quick) for s in seeds]
-    payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds}" + (" --quick" if a.quick else ""),
-               "quick": a.quick, "cpu": cpu_info(), "python": platform.python_version(),
-               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_seconds": time.perf_counter() - t0, "runs": runs}
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    seeds, arms = [int(s) for s in a.seeds.split(",")], a.arms.split(",")
+    runs = [run_seed(s, Path(a.out) / f"seed-{s}", arms, a.quick) for s in seeds]
+    payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds} --arms {a.arms}" + (" --quick" if a.quick else ""),
+               "quick": a.quick, "cpu": cpu_info(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
+               "wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "runs": runs}
     Path(a.results).write_text(json.dumps(payload, indent=1, default=str))
     for r in runs:
-        for arm in ("rl_rm", "rl_weak_rm"):
-            x = r[arm]
+        for arm in arms:
+            x = r[arm]["rl"]
             print(f"seed {r['seed']} {arm}: held-out pass@1 {x['baseline_accuracy']:.3f} -> {x['final_accuracy']:.3f} "
-                  f"({x['lift_points']:+.1f} points); RM pair accuracy {r[arm[3:]]['pair_accuracy']:.3f}; "
-                  f"first reward finding at step {x['first_reward_finding_step']}")
+                  f"({x['lift_points']:+.1f} points, best {x['best_accuracy']:.3f}); RM pair accuracy "
+                  f"{r[arm]['rm']['pair_accuracy']:.3f}; first learned_reward finding at step {x['first_learned_reward_step']}, "
+                  f"first 5-point fall at step {x['first_5pt_fall_step']}; diagnosis {x['diagnosis']}")
     print(f"wrote {a.results}")
 
 

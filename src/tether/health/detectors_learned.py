@@ -1,53 +1,160 @@
 """Learned rewards as suspects (issue 19): a reward model or LLM judge that stands in for a
-verifier is trusted only while it agrees with the verifier on held-out probes.
+verifier is trusted only while it agrees with the verifier.
 
-Every evaluation logs `eval/reward_agreement/<component>` (tether.eval.runner): the fraction of
-(correct, incorrect) pairs of the same held-out problem that the component ranks the right way —
-an AUC, 0.5 at chance. The rule is absolute, not relative to the run's own baseline, because it
-holds for any run in which a learned reward guides learning: a component that ranks held-out
-samples by correctness no better than chance (< `floor`) cannot be steering the policy towards
-correctness, whatever the training reward does; one that lost `drop` of its agreement since the
-first evaluation while still being optimised is being exploited (DeepSeek-R1 caps RM-based RL at
-~400 steps for this reason). Checked at evaluation steps only (`persist` 1: evaluations are
-sparse); critical below `critical_floor`.
+A component is a suspect when it is paid (weight != 0), is not the correctness component, and is
+not a registered rule-based reward (`exact_match`, `format`, ...): the built-in `reward_model` and
+`judge` (marked `learned = True`) and any user `package.module:function` reward. Three rules, each
+on data the run already has (the verifier scores every rollout even at weight 0:
+`reward.correctness`):
+
+- `agreement` on the policy's own rollouts, every step: `health/reward_agreement/<c>`
+  (`compute_component_agreement`) is the fraction of (correct, incorrect) sample pairs of one
+  group that c scores higher for the correct one — an AUC, 0.5 at chance. A learned reward that
+  ranks the policy's current samples against the verifier (< `critical_floor` on one step with
+  >= `min_pairs` pairs) or no better than chance (< `floor`, pooled over the last two steps) cannot
+  be steering the policy towards correctness, whatever the training reward does; one whose pooled
+  agreement fell `drop` below its first steps' is being exploited: RL finds the samples the
+  reward over-pays (Gao et al., arXiv 2210.10760: over-optimising a proxy RM lowers the gold
+  reward; DeepSeek-R1, arXiv 2501.12948 §2.3.4, caps RM-based RL for this reason).
+- `agreement` on held-out probes, at evaluation steps: `eval/reward_agreement/<c>`
+  (tether.eval.runner), the same AUC on held-out problems, with the same floor and drop.
+- `trend`, every step: the verified correct rate of the rollouts fell by more than `fall` (and
+  `z` standard errors) from its first `k` steps to its last `k` while the learned reward's mean
+  stayed flat or rose (no lower than `tol` of its within-step std): the policy is paid the same
+  for worse answers.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any, Sequence
 
 from tether.health.detectors import OK, Detector, History, RunContext, register_detector
 from tether.health.telemetry import finite
 
 PREFIX = "eval/reward_agreement/"
+TRAIN_PREFIX = "health/reward_agreement/"
+TRAIN_PAIRS = "health/reward_agreement_pairs"
+
+
+def compute_component_agreement(groups: Sequence[Any]) -> dict[str, float]:
+    """Per reward component, the AUC of its value against the verdicts within each group of one
+    step's rollouts (`health/reward_agreement/<c>`; ties count half), and the number of
+    (correct, incorrect) pairs (`health/reward_agreement_pairs`). Components without a pair are left out."""
+    wins: dict[str, float] = {}
+    n_pairs = 0
+    counts: dict[str, int] = {}
+    for g in groups:
+        good = [t.reward.components for t in g.trajectories if t.reward.correct is True]
+        bad = [t.reward.components for t in g.trajectories if t.reward.correct is False]
+        n_pairs += len(good) * len(bad)
+        for cg in good:
+            for cb in bad:
+                for name, v in cg.items():
+                    if "/" in name or name not in cb:
+                        continue
+                    wins[name] = wins.get(name, 0.0) + (1.0 if v > cb[name] else 0.5 if v == cb[name] else 0.0)
+                    counts[name] = counts.get(name, 0) + 1
+    out = {f"{TRAIN_PREFIX}{k}": wins[k] / counts[k] for k in sorted(counts)}
+    if out:
+        out[TRAIN_PAIRS] = float(n_pairs)
+    return out
+
+
+def is_learned(name: str) -> bool:
+    """A reward model, a judge, or a user function: anything but a registered rule-based reward."""
+    import tether.rewards  # noqa: F401  (registers the built-in components)
+    from tether.rewards.base import REWARD_FUNCTIONS
+
+    return name not in REWARD_FUNCTIONS or bool(getattr(REWARD_FUNCTIONS[name], "learned", False))
+
+
+def _pooled(h: History, comp: str, rows: list[dict]) -> tuple[float | None, float]:
+    """Pair-weighted mean of a component's rollout agreement over `rows`, and the pairs behind it."""
+    num = den = 0.0
+    for r in rows:
+        a, n = finite(r.get(TRAIN_PREFIX + comp)), finite(r.get(TRAIN_PAIRS))
+        if a is not None and n:
+            num, den = num + a * n, den + n
+    return (num / den if den else None), den
 
 
 @register_detector
 class LearnedRewardDetector(Detector):
-    """A reward component's held-out agreement with the verifier fell to chance or dropped."""
+    """A paid learned reward stopped agreeing with the verifier, or is paid while correctness falls."""
 
     name, mode = "learned_reward", "reward_hacking"
     needs_baseline = False
-    persist, window = 1, 1
-    defaults = {"floor": 0.55, "critical_floor": 0.4, "drop": 0.2}
+    persist, window = 1, 1  # each rule smooths over its own steps
+    defaults = {"floor": 0.55, "critical_floor": 0.4, "drop": 0.2, "min_pairs": 40.0,
+                "k": 3, "fall": 0.05, "z": 2.5, "tol": 0.25}
 
     def evaluate(self, h: History, ctx: RunContext):
-        last = h.rows[-1] if h.rows else {}
-        worst = None
-        for key, value in last.items():
-            if not key.startswith(PREFIX) or finite(value) is None:
-                continue
-            comp = key[len(PREFIX):]
-            if comp in ctx.reward_weights and ctx.reward_weights[comp] == 0.0:
-                continue  # a component that is not paid cannot be exploited
-            first = next((finite(r.get(key)) for r in h.rows if finite(r.get(key)) is not None), value)
-            low = value < self.p["floor"]
-            dropped = first - value >= self.p["drop"]
-            if (low or dropped) and (worst is None or value < worst[1]):
-                worst = (comp, float(value), float(first), "floor" if low else "drop")
-        if worst is None:
+        if not h.rows:
             return OK
-        comp, value, first, why = worst
+        names = set(ctx.reward_weights) | {k[len(p):] for k in h.rows[-1] for p in (PREFIX, TRAIN_PREFIX) if k.startswith(p)}
+        suspects = sorted(c for c in names if ctx.reward_weights.get(c, 1.0) != 0.0 and c != ctx.correctness and is_learned(c))
+        found = [s for c in suspects for s in (self._rollouts(h, c), self._held_out(h, c), self._trend(h, c)) if s[0]]
+        return max(found, key=lambda s: s[0]) if found else OK
+
+    def _judge(self, comp: str, value: float, first: float, where: str, key: str, single: bool = False):
+        low, dropped = value < self.p["floor"], first - value >= self.p["drop"]
+        if not (low or dropped or single):
+            return OK
         level = 2 if value < self.p["critical_floor"] else 1
-        msg = (f"learned reward {comp!r} agrees with the verifier on {value:.0%} of held-out pairs "
-               f"(first evaluation {first:.0%}; chance is 50%): it is being exploited or never learned correctness")
-        return level, msg, {PREFIX + comp: {"value": round(value, 4), "baseline": round(first, 4)},
-                            "rule": "agreement", "component": comp, "why": why}
+        what = "the policy's own samples" if where == "rollouts" else "held-out samples"
+        msg = (f"learned reward {comp!r} ranks correct above incorrect on {value:.0%} of pairs of {what} "
+               f"(first {first:.0%}; chance is 50%): it is being exploited or never learned correctness")
+        return level, msg, {key: {"value": round(value, 4), "baseline": round(first, 4)}, "rule": "agreement",
+                            "where": where, "component": comp, "why": "floor" if low or single else "drop"}
+
+    def _rollouts(self, h: History, comp: str):
+        rows = [r for r in h.rows if finite(r.get(TRAIN_PREFIX + comp)) is not None and r["step"] not in h.discarded]
+        if not rows or rows[-1] is not h.rows[-1]:
+            return OK
+        last, n_last = _pooled(h, comp, rows[-1:])
+        first, _ = _pooled(h, comp, rows[:2])
+        if last is not None and n_last >= self.p["min_pairs"] and last < self.p["critical_floor"]:
+            return self._judge(comp, last, first if first is not None else last, "rollouts", TRAIN_PREFIX + comp, True)
+        if len(rows) < 2:
+            return OK
+        recent, n = _pooled(h, comp, rows[-2:])
+        if recent is None or n < self.p["min_pairs"]:
+            return OK
+        return self._judge(comp, recent, first if len(rows) >= 4 and first is not None else recent, "rollouts",
+                           TRAIN_PREFIX + comp)
+
+    def _held_out(self, h: History, comp: str):
+        value = finite(h.rows[-1].get(PREFIX + comp))
+        if value is None:
+            return OK
+        first = next((finite(r.get(PREFIX + comp)) for r in h.rows if finite(r.get(PREFIX + comp)) is not None), value)
+        return self._judge(comp, value, first, "held_out", PREFIX + comp)
+
+    def _trend(self, h: History, comp: str):
+        k = int(self.p["k"])
+        rows = [r for r in h.rows if r["step"] not in h.discarded]
+        if len(rows) < 2 * k:
+            return OK
+        acc_key = "accuracy" if finite(rows[-1].get("accuracy")) is not None else "reward/correct_rate"
+        head, tail = rows[:k], rows[-k:]
+
+        def mean(key: str, rs: list[dict]) -> float | None:
+            xs = [finite(r.get(key)) for r in rs]
+            return None if any(x is None for x in xs) else sum(xs) / len(xs)
+
+        a0, a1 = mean(acc_key, head), mean(acc_key, tail)
+        r0, r1 = mean(f"reward/{comp}/mean", head), mean(f"reward/{comp}/mean", tail)
+        if None in (a0, a1, r0, r1):
+            return OK
+        se0, se1 = mean("health/accuracy_se", head), mean("health/accuracy_se", tail)
+        se = math.sqrt(((se0 or 0.0) ** 2 + (se1 or 0.0) ** 2) / k)
+        spread = mean(f"reward/{comp}/std", head) or 0.0
+        if a0 - a1 > max(self.p["fall"], self.p["z"] * se) and r1 >= r0 - self.p["tol"] * spread:
+            level = 2 if a0 - a1 > 2 * max(self.p["fall"], self.p["z"] * se) else 1
+            msg = (f"verified correct rate of the rollouts fell {a0:.3f} -> {a1:.3f} while learned reward {comp!r} "
+                   f"stayed paid ({r0:.3g} -> {r1:.3g}): the policy is paid as much for worse answers")
+            return level, msg, {acc_key: {"value": round(a1, 4), "baseline": round(a0, 4), "se": round(se, 4)},
+                                f"reward/{comp}/mean": {"value": round(r1, 4), "baseline": round(r0, 4)},
+                                "rule": "trend", "component": comp}
+        return OK

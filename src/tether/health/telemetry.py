@@ -75,6 +75,8 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
     health/reward_corr_own         correlation of each sample's reward with its own verdict
     health/reward_corr_shift       the same with a neighbour's verdict (best of shifts +-1, +-n):
                                    high only when rewards are attached to the wrong samples
+    health/reward_agreement/<c>    each reward component's AUC against the verdicts on this step's
+                                   rollouts (tether.health.detectors_learned), and the pair count
     """
     trajs = [t for g in groups for t in g.trajectories]
     out: dict[str, float] = {}
@@ -116,6 +118,9 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
     out["health/action_tokens"] = float(sum(t.num_action_tokens for t in trajs))
     out["health/action_tokens_ok"] = float(sum(t.num_action_tokens for t in trajs if t.reward.outcome == Outcome.OK))
     out.update(_reward_linkage(trajs, len(groups[0].trajectories) if groups else 1))
+    from tether.health.detectors_learned import compute_component_agreement
+
+    out.update(compute_component_agreement(groups))  # health/reward_agreement/<component>
     return out
 
 

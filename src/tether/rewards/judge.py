@@ -144,4 +144,5 @@ def judge(texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], model: str |
 
 
 judge.batched = True  # type: ignore[attr-defined]
+judge.learned = True  # type: ignore[attr-defined]  # a suspect for the health layer (detectors_learned)
 REWARD_FUNCTIONS.register("judge")(judge)

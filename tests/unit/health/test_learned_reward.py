@@ -51,3 +51,84 @@ def test_a_drop_from_a_good_start_is_flagged_before_chance():
     rows = series(40, 3, {"a": _agreement(lambda s: 0.95 if s < 25 else 0.7)}, start=1)
     found = replay(rows, detector="learned_reward")
     assert found and found[0].step == 25 and found[0].evidence["why"] == "drop" and found[0].severity == "warn"
+
+
+# --------------------------------------------------------------- every step, on the policy's own rollouts
+
+from tether.health.config import HealthConfig  # noqa: E402
+from tether.health.detectors import RunContext  # noqa: E402
+from tether.health.detectors_learned import compute_component_agreement, is_learned  # noqa: E402
+from tether.health.monitor import HealthMonitor  # noqa: E402
+
+RM_CTX = RunContext("exact_match", {"exact_match": 0.0, "reward_model": 1.0}, 0)
+
+
+def _replay_ctx(rows, ctx=RM_CTX):
+    class _C:
+        health = HealthConfig()
+    mon = HealthMonitor(_C(), rd=None, watchdog=False)
+    mon.detectors = {"learned_reward": mon.detectors["learned_reward"]}
+    for i, row in enumerate(rows, 1):
+        mon.run_detectors(i, row, ctx)
+    return mon.findings
+
+
+def _train_rows(n, agreement, pairs=100.0, comp="reward_model", seed=0):
+    rows = series(n, seed, start=1)
+    for step, row in enumerate(rows, 1):
+        row[f"health/reward_agreement/{comp}"] = agreement(step)
+        row["health/reward_agreement_pairs"] = pairs
+    return rows
+
+
+def test_rollout_agreement_by_hand():
+    g1 = _group("a", [({"exact_match": 1.0, "reward_model": 0.9}, True),
+                      ({"exact_match": 0.0, "reward_model": 0.2}, False),
+                      ({"exact_match": 0.0, "reward_model": 0.95}, False)])
+    g2 = _group("b", [({"exact_match": 1.0, "reward_model": 0.5}, True), ({"exact_match": 0.0, "reward_model": 0.5}, False)])
+    m = compute_component_agreement([g1, g2])
+    assert m["health/reward_agreement/reward_model"] == pytest.approx(0.5)
+    assert m["health/reward_agreement/exact_match"] == 1.0 and m["health/reward_agreement_pairs"] == 3.0
+
+
+def test_rm_that_ranks_rollouts_against_the_verifier_is_flagged_at_step_one():
+    found = _replay_ctx(_train_rows(10, lambda s: 0.34))
+    assert found[0].step == 1 and found[0].severity == "critical"
+    assert found[0].evidence["rule"] == "agreement" and found[0].evidence["where"] == "rollouts"
+    assert diagnose(found)[0].cause == "learned_reward_exploited"
+
+
+def test_chance_agreement_needs_two_steps_and_enough_pairs():
+    found = _replay_ctx(_train_rows(10, lambda s: 0.5))
+    assert found[0].step == 2 and found[0].severity == "warn"
+    assert _replay_ctx(_train_rows(10, lambda s: 0.2, pairs=10.0)) == []  # 20 pairs over two steps: too few
+
+
+def test_rollout_agreement_that_falls_from_a_good_start_is_exploitation():
+    found = _replay_ctx(_train_rows(20, lambda s: 0.9 if s < 10 else 0.66))
+    assert found and found[0].step == 11 and found[0].evidence["why"] == "drop"
+
+
+def test_quiet_for_a_good_rm_an_unpaid_one_and_a_rule_based_component():
+    assert _replay_ctx(_train_rows(30, lambda s: 0.85 + 0.05 * (s % 3 - 1))) == []
+    low = _train_rows(10, lambda s: 0.3)
+    assert _replay_ctx(low, RunContext("exact_match", {"exact_match": 0.0, "reward_model": 0.0}, 0)) == []
+    fmt = _train_rows(10, lambda s: 0.5, comp="format")
+    assert not is_learned("format") and is_learned("reward_model") and is_learned("pkg.mod:my_judge")
+    assert _replay_ctx(fmt, RunContext("exact_match", {"exact_match": 1.0, "format": 0.2}, 0)) == []
+
+
+def _trend_rows(acc, rm_mean):
+    rows = series(12, 4, start=1)
+    for step, row in enumerate(rows, 1):
+        row["accuracy"], row["health/accuracy_se"] = acc(step), 0.03
+        row["reward/reward_model/mean"], row["reward/reward_model/std"] = rm_mean(step), 1.0
+    return rows
+
+
+def test_trend_rm_paid_while_verified_correctness_falls():
+    found = _replay_ctx(_trend_rows(lambda s: 0.45 - 0.02 * s, lambda s: 0.1 * s))
+    assert found and found[0].evidence["rule"] == "trend" and found[0].step == 7
+    # an RM whose reward falls with correctness is not being exploited; nor is a run whose accuracy rises
+    assert _replay_ctx(_trend_rows(lambda s: 0.45 - 0.02 * s, lambda s: -0.5 * s)) == []
+    assert _replay_ctx(_trend_rows(lambda s: 0.45 + 0.02 * s, lambda s: 0.1 * s)) == []

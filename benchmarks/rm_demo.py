@@ -36,6 +36,7 @@ from tether.config import load_config
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "configs" / "reverse.yaml"
 RL = {"train.steps": 40, "eval.every": 5, "algo.kl.coef": 0.05, "train.lr": 1e-4}
+REUSE_RM = False  # --reuse-rm: keep <out>/seed-N/rm (its summary.json) and only rerun RL
 WEAK_RL = {"train.steps": 20, "eval.every": 2, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 
 
@@ -135,9 +136,12 @@ def run_arm(name: str, rm_over: list[str], rl_extra: dict, base: list[str], sft_
     from tether.recipes.rm import run_rm
 
     t, c = time.perf_counter(), cpu_seconds()
-    rm = run_rm(load_config(CONFIG, base + [f"model.path={sft_model}"] + rm_over), out / name, overwrite=True)
+    summary = out / name / "summary.json"
+    reused = REUSE_RM and summary.exists()
+    rm = json.loads(summary.read_text()) if reused else run_rm(
+        load_config(CONFIG, base + [f"model.path={sft_model}"] + rm_over), out / name, overwrite=True)
     res = {"rm": {"pair_accuracy": rm["final_pair_accuracy"], "baseline_pair_accuracy": rm["baseline_pair_accuracy"],
-                  "train_pairs": rm["train_pairs"], "eval_pairs": rm["eval_pairs"], "overrides": rm_over,
+                  "train_pairs": rm["train_pairs"], "eval_pairs": rm["eval_pairs"], "overrides": rm_over, "reused": reused,
                   "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}}
     t, c = time.perf_counter(), cpu_seconds()
     over = base + _rl_overrides(out / name / "final_model", sft_model, rl_extra)
@@ -164,7 +168,9 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
     res["sft"] = {"seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c, "reused": reused}
     cfg = load_config(CONFIG, base)
     train, _ = setup_problems(cfg)
-    if "rm" in arms:
+    if "rm" in arms and REUSE_RM and (out / "rm" / "summary.json").exists():
+        res["rm"] = run_arm("rm", [], RL, base, sft_model, out)
+    elif "rm" in arms:
         t, c = time.perf_counter(), cpu_seconds()
         n_train, n_eval = (64, 32) if quick else (800, 200)
         pairs = build_pairs(cfg, sft_model, train[:n_train], (1.0, 1.5), 8, 0, seed)
@@ -189,13 +195,19 @@ def main() -> None:
     ap.add_argument("--arms", default="rm,weak_rm")
     ap.add_argument("--quick", action="store_true", help="a smoke run (minutes): tiny steps, numbers meaningless")
     ap.add_argument("--results", default=str(HERE / "results" / "rm_demo.json"))
+    ap.add_argument("--reuse-rm", action="store_true", help="reuse <out>/seed-N/rm and only rerun RL against it")
+    ap.add_argument("--rl", action="append", default=[], help="an RL override of the rm arm, key=value (repeatable)")
     a = ap.parse_args()
+    global REUSE_RM
+    REUSE_RM = a.reuse_rm
+    RL.update(dict(x.split("=", 1) for x in a.rl))
     from tether.hardware import cpu_info
 
     t0, c0 = time.perf_counter(), cpu_seconds()
     seeds, arms = [int(s) for s in a.seeds.split(",")], a.arms.split(",")
     runs = [run_seed(s, Path(a.out) / f"seed-{s}", arms, a.quick) for s in seeds]
-    payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds} --arms {a.arms}" + (" --quick" if a.quick else ""),
+    flags = (" --quick" if a.quick else "") + (" --reuse-rm" if a.reuse_rm else "") + "".join(f" --rl {x}" for x in a.rl)
+    payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds} --arms {a.arms}{flags}", "rl": RL,
                "quick": a.quick, "cpu": cpu_info(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
                "wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "runs": runs}
     Path(a.results).write_text(json.dumps(payload, indent=1, default=str))

@@ -250,7 +250,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     for r in rows:
         cell = f"{r['mean']:.4f} ± {r['se']:.4f}" if r["n"] else "—"
         d = r.get("vs_first")
-        dcell = "(reference)" if d is None else (
+        dcell = "(reference)" if d is None else "—" if not math.isfinite(d["diff"]) else (
             f"{d['diff']:+.4f} ± {d['se']:.4f} ({d['kind']}{', within noise' if d['within_noise'] else ''})")
         out.append(f"| `{r['arm']}` | {cell} | {r['n']} | {dcell} |")
     return "\n".join(out)

@@ -172,3 +172,11 @@ def test_cli_sweep_with_a_real_sft_prepare_step(tmp_path):
     assert str(tmp_path / "o" / "prepare" / "sft" / "final_model") in run_cfg.read_text()  # the arm started from it
     r2 = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
     assert r2.returncode == 0 and "prepare sft" not in r2.stdout and "1 done, 0 to run" in r2.stdout
+
+
+def test_a_metric_the_reference_arm_lacks_shows_no_difference():
+    from tether.sweep import compute_sweep_table, expand_arms, format_table
+
+    arms = expand_arms({"kl": ["0", "0.05"]})
+    rows = compute_sweep_table([{"arm": "kl=0.05", "seed": s, "value": 0.1 + s} for s in (0, 1)], arms, "mean:kl_loss")
+    assert format_table(rows).splitlines()[-1] == "| `kl=0.05` | 0.6000 ± 0.5000 | 2 | — |"  # not "+nan ± nan"

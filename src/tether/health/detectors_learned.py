@@ -2,8 +2,9 @@
 verifier is trusted only while it agrees with the verifier.
 
 A component is a suspect when it is paid (weight != 0), is not the correctness component, and is
-not a registered rule-based reward (`exact_match`, `format`, ...): the built-in `reward_model` and
-`judge` (marked `learned = True`) and any user `package.module:function` reward. Three rules, each
+a learned one: the built-in `reward_model` and `judge` (marked `learned = True`), and a user
+`package.module:function` reward when the verifier is unpaid (it then stands in for it; next to a
+paid verifier it is a shaping term, the `reward_hacking` detector's business). Three rules, each
 on data the run already has (the verifier scores every rollout even at weight 0:
 `reward.correctness`):
 
@@ -61,12 +62,16 @@ def compute_component_agreement(groups: Sequence[Any]) -> dict[str, float]:
     return out
 
 
-def is_learned(name: str) -> bool:
-    """A reward model, a judge, or a user function: anything but a registered rule-based reward."""
+def is_learned(name: str, proxy: bool = False) -> bool:
+    """A reward model or a judge (`learned = True`); with `proxy` (the verifier is unpaid) also a
+    user `module:function` reward, which then stands in for the verifier. A user shaping term
+    next to a paid verifier is not a suspect here (the `reward_hacking` detector watches it)."""
     import tether.rewards  # noqa: F401  (registers the built-in components)
     from tether.rewards.base import REWARD_FUNCTIONS
 
-    return name not in REWARD_FUNCTIONS or bool(getattr(REWARD_FUNCTIONS[name], "learned", False))
+    if name not in REWARD_FUNCTIONS:
+        return proxy
+    return bool(getattr(REWARD_FUNCTIONS[name], "learned", False))
 
 
 def _pooled(h: History, comp: str, rows: list[dict]) -> tuple[float | None, float]:
@@ -93,7 +98,9 @@ class LearnedRewardDetector(Detector):
         if not h.rows:
             return OK
         names = set(ctx.reward_weights) | {k[len(p):] for k in h.rows[-1] for p in (PREFIX, TRAIN_PREFIX) if k.startswith(p)}
-        suspects = sorted(c for c in names if ctx.reward_weights.get(c, 1.0) != 0.0 and c != ctx.correctness and is_learned(c))
+        proxy = bool(ctx.correctness) and ctx.reward_weights.get(ctx.correctness, 1.0) == 0.0
+        suspects = sorted(c for c in names if ctx.reward_weights.get(c, 1.0) != 0.0 and c != ctx.correctness
+                          and is_learned(c, proxy))
         found = [s for c in suspects for s in (self._rollouts(h, c), self._held_out(h, c), self._trend(h, c)) if s[0]]
         return max(found, key=lambda s: s[0]) if found else OK
 

@@ -114,8 +114,16 @@ def test_quiet_for_a_good_rm_an_unpaid_one_and_a_rule_based_component():
     low = _train_rows(10, lambda s: 0.3)
     assert _replay_ctx(low, RunContext("exact_match", {"exact_match": 0.0, "reward_model": 0.0}, 0)) == []
     fmt = _train_rows(10, lambda s: 0.5, comp="format")
-    assert not is_learned("format") and is_learned("reward_model") and is_learned("pkg.mod:my_judge")
+    assert not is_learned("format") and is_learned("reward_model") and is_learned("pkg.mod:my_judge", proxy=True)
     assert _replay_ctx(fmt, RunContext("exact_match", {"exact_match": 1.0, "format": 0.2}, 0)) == []
+
+
+def test_a_user_reward_is_a_suspect_only_when_it_stands_in_for_the_verifier():
+    rows = _train_rows(10, lambda s: 0.3, comp="pkg.mod:bonus")
+    shaping = RunContext("exact_match", {"exact_match": 1.0, "pkg.mod:bonus": 0.3}, 0)  # a shaping term next to a paid verifier
+    assert _replay_ctx(rows, shaping) == []
+    proxy = RunContext("exact_match", {"exact_match": 0.0, "pkg.mod:bonus": 1.0}, 0)  # the verifier unpaid: a stand-in
+    assert _replay_ctx(rows, proxy)[0].step == 1
 
 
 def _trend_rows(acc, rm_mean):

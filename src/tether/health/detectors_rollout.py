@@ -246,8 +246,9 @@ class StallDetector(Detector):
 
     The step must be `factor` (3) x slower - or `phase_step` (1.5) x slower when the phase that
     grew is `phase_factor` (10) x slower than during the baseline: a component that became an
-    order of magnitude slower while the rest of the step did not is a stalled component even when
-    it was a small part of the step (a reward at 2% of a step that takes 70x longer: a 2.4x step).
+    order of magnitude slower (on each of the last 2 steps) while the rest of the step did not is a
+    stalled component even when it was a small part of the step (a reward at 2% of a step that
+    takes 70x longer: a 2.4x step); one long pause is not.
     Load from other jobs stretches phases by a few x, not 10x, and stretches all of them."""
 
     name, mode = "stall", "stall"
@@ -274,8 +275,8 @@ class StallDetector(Detector):
         big = [r for k, r in ratio.items() if k != phase and h.baseline(k).median >= 0.1 * base.median]
         if big and ratio[phase] < self.p["phase_ratio"] * max(big):
             return OK
-        if not slow and ratio[phase] < self.p["phase_factor"]:
-            return OK
+        if not slow and min(h.values(phase, 2)) < self.p["phase_factor"] * h.baseline(phase).median:
+            return OK  # on both steps of the window: one long pause is not a stalled component
         level = 2 if x > 4 * self.p["factor"] * base.median else 1
         return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s, mostly in {phase}", {
             "time/step": _ev(x, base), "phase": phase}

@@ -106,6 +106,10 @@ def test_stall_of_a_small_phase_that_became_ten_times_slower():
 
     assert replay(series(30, 7, {"u": busy_update}), detector="stall") == []
     assert replay(series(30, 7, {"m": busy_machine}), detector="stall") == []
+    rows = series(30, 7)  # one 1.1 s pause in the reward phase (a loaded machine; faultbench healthy s17)
+    rows[15]["time/reward"] += 0.6
+    rows[15]["time/step"] += 0.6
+    assert replay(rows, detector="stall") == []
 
 
 def test_waits_for_the_baseline_window():

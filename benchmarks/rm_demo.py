@@ -37,6 +37,9 @@ HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "configs" / "reverse.yaml"
 RL = {"train.steps": 40, "eval.every": 5, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 REUSE_RM = False  # --reuse-rm: keep <out>/seed-N/rm (its summary.json) and only rerun RL
+SOURCE: Path | None = None  # --source DIR: read sft/ and rm/ from DIR (another run's seed dir), never write there
+RM_KWARGS = ""  # --rm-kwargs: more reward_model kwargs, YAML flow style ("normalize: sigmoid, threshold: 0.4")
+TAG = ""  # --tag: suffix of the RL run directories and result keys (rl_rm<tag>)
 WEAK_RL = {"train.steps": 20, "eval.every": 2, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 
 
@@ -102,9 +105,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _rl_overrides(rm_dir: Path, sft_model: Path, extra: dict) -> list[str]:
+def _rl_overrides(rm_dir: Path | None, sft_model: Path, extra: dict) -> list[str]:
+    """RL against the RM (the verifier at weight 0) or, rm_dir None, against the verifier itself (the ceiling)."""
+    kw = RM_KWARGS if "normalize" in RM_KWARGS else ", ".join(x for x in ("normalize: none", RM_KWARGS) if x)
     comps = ("reward.components=[{name: exact_match, weight: 0.0}, {name: reward_model, "
-             f"kwargs: {{path: '{rm_dir}', normalize: none}}}}]")
+             f"kwargs: {{path: '{rm_dir}', {kw}}}}}]") if rm_dir else "reward.components=[{name: exact_match}]"
     return [f"model.path={sft_model}", comps, "reward.correctness=exact_match", "logging.progress=false",
             "health.mode=advise"] + [f"{k}={v}" for k, v in extra.items()]
 
@@ -132,26 +137,30 @@ def first_fall(curve: list[tuple[int, float]], points: float = 0.05) -> int | No
 
 
 def run_arm(name: str, rm_over: list[str], rl_extra: dict, base: list[str], sft_model: Path, out: Path) -> dict:
-    from tether.recipes.rl import run_rl
     from tether.recipes.rm import run_rm
 
     t, c = time.perf_counter(), cpu_seconds()
-    summary = out / name / "summary.json"
-    reused = REUSE_RM and summary.exists()
-    rm = json.loads(summary.read_text()) if reused else run_rm(
-        load_config(CONFIG, base + [f"model.path={sft_model}"] + rm_over), out / name, overwrite=True)
+    rm_dir = (SOURCE or out) / name
+    reused = (REUSE_RM or SOURCE is not None) and (rm_dir / "summary.json").exists()
+    rm = json.loads((rm_dir / "summary.json").read_text()) if reused else run_rm(
+        load_config(CONFIG, base + [f"model.path={sft_model}"] + rm_over), rm_dir, overwrite=True)
     res = {"rm": {"pair_accuracy": rm["final_pair_accuracy"], "baseline_pair_accuracy": rm["baseline_pair_accuracy"],
                   "train_pairs": rm["train_pairs"], "eval_pairs": rm["eval_pairs"], "overrides": rm_over, "reused": reused,
                   "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}}
     t, c = time.perf_counter(), cpu_seconds()
-    over = base + _rl_overrides(out / name / "final_model", sft_model, rl_extra)
-    rl = run_rl(load_config(CONFIG, over), out / f"rl_{name}", overwrite=True)
-    curve = _eval_curve(out / f"rl_{name}")
-    res["rl"] = {"overrides": over, "baseline_accuracy": rl["baseline_accuracy"], "final_accuracy": rl["final_accuracy"],
-                 "best_accuracy": max(a for _, a in curve), "lift_points": 100 * (rl["final_accuracy"] - rl["baseline_accuracy"]),
-                 "eval_curve": curve, "first_5pt_fall_step": first_fall(curve), **doctor_flags(out / f"rl_{name}"),
-                 "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}
-    return res
+    over = base + _rl_overrides(rm_dir / "final_model", sft_model, rl_extra)
+    return {**res, "rl": rl_result(over, out / f"rl_{name}{TAG}", t, c)}
+
+
+def rl_result(over: list[str], run: Path, t: float, c: float) -> dict:
+    from tether.recipes.rl import run_rl
+
+    rl = run_rl(load_config(CONFIG, over), run, overwrite=True)
+    curve = _eval_curve(run)
+    return {"overrides": over, "run_dir": str(run), "baseline_accuracy": rl["baseline_accuracy"],
+            "final_accuracy": rl["final_accuracy"], "best_accuracy": max(a for _, a in curve),
+            "lift_points": 100 * (rl["final_accuracy"] - rl["baseline_accuracy"]), "eval_curve": curve, "first_5pt_fall_step": first_fall(curve), **doctor_flags(run),
+            "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}
 
 
 def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
@@ -161,14 +170,20 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
     base = [f"run.seed={seed}", "run.threads=1", "logging.progress=false"] + (["sft.steps=60"] if quick else [])
     res: dict = {"seed": seed}
     t, c = time.perf_counter(), cpu_seconds()
-    sft_model = out / "sft" / "final_model"
+    sft_model = (SOURCE or out) / "sft" / "final_model"
     reused = (sft_model / "config.json").exists()
+    if SOURCE is not None and not reused:
+        raise SystemExit(f"--source {SOURCE}: no sft/final_model there")
     if not reused:
         run_sft(load_config(CONFIG, base), out / "sft")
     res["sft"] = {"seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c, "reused": reused}
     cfg = load_config(CONFIG, base)
     train, _ = setup_problems(cfg)
-    if "rm" in arms and REUSE_RM and (out / "rm" / "summary.json").exists():
+    if "verifier" in arms:  # the ceiling: the same RL paid by the verifier the RM stands in for
+        t, c = time.perf_counter(), cpu_seconds()
+        over = base + _rl_overrides(None, sft_model, {**RL, "train.steps": 6} if quick else RL)
+        res["verifier"] = {"rl": rl_result(over, out / f"rl_verifier{TAG}", t, c)}
+    if "rm" in arms and (REUSE_RM or SOURCE) and ((SOURCE or out) / "rm" / "summary.json").exists():
         res["rm"] = run_arm("rm", [], RL, base, sft_model, out)
     elif "rm" in arms:
         t, c = time.perf_counter(), cpu_seconds()
@@ -188,6 +203,14 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
     return res
 
 
+def append_result(path: Path, payload: dict) -> None:
+    """One entry per invocation under `invocations` (an older single-run file becomes the first entry)."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    doc = old if "invocations" in old else {"invocations": [old] if old else []}
+    doc["invocations"].append(payload)
+    path.write_text(json.dumps(doc, indent=1, default=str))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0")
@@ -196,10 +219,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run (minutes): tiny steps, numbers meaningless")
     ap.add_argument("--results", default=str(HERE / "results" / "rm_demo.json"))
     ap.add_argument("--reuse-rm", action="store_true", help="reuse <out>/seed-N/rm and only rerun RL against it")
+    ap.add_argument("--source", help="a seed directory of an earlier run (e.g. runs/rm-demo/seed-0): its sft/ and rm/ "
+                    "are reused read-only; RL runs are written under --out")
+    ap.add_argument("--rm-kwargs", default="", help="more reward_model kwargs, YAML flow style: 'normalize: sigmoid'")
+    ap.add_argument("--tag", default="", help="suffix of the RL run directories (rl_rm<tag>) and of the result keys")
     ap.add_argument("--rl", action="append", default=[], help="an RL override of the rm arm, key=value (repeatable)")
     a = ap.parse_args()
-    global REUSE_RM
-    REUSE_RM = a.reuse_rm
+    global REUSE_RM, SOURCE, RM_KWARGS, TAG
+    REUSE_RM, SOURCE, RM_KWARGS, TAG = a.reuse_rm, Path(a.source) if a.source else None, a.rm_kwargs, a.tag
     RL.update(dict(x.split("=", 1) for x in a.rl))
     from tether.hardware import cpu_info
 
@@ -207,16 +234,17 @@ def main() -> None:
     seeds, arms = [int(s) for s in a.seeds.split(",")], a.arms.split(",")
     runs = [run_seed(s, Path(a.out) / f"seed-{s}", arms, a.quick) for s in seeds]
     flags = (" --quick" if a.quick else "") + (" --reuse-rm" if a.reuse_rm else "") + "".join(f" --rl {x}" for x in a.rl)
+    flags += "".join(f" {k} {v!r}" for k, v in (("--source", a.source), ("--rm-kwargs", a.rm_kwargs), ("--tag", a.tag)) if v)
     payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds} --arms {a.arms}{flags}", "rl": RL,
                "quick": a.quick, "cpu": cpu_info(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
                "wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "runs": runs}
-    Path(a.results).write_text(json.dumps(payload, indent=1, default=str))
+    append_result(Path(a.results), payload)
     for r in runs:
         for arm in arms:
-            x = r[arm]["rl"]
-            print(f"seed {r['seed']} {arm}: held-out pass@1 {x['baseline_accuracy']:.3f} -> {x['final_accuracy']:.3f} "
+            x, rm = r[arm]["rl"], r[arm].get("rm", {}).get("pair_accuracy", float("nan"))
+            print(f"seed {r['seed']} {arm}{TAG}: held-out pass@1 {x['baseline_accuracy']:.3f} -> {x['final_accuracy']:.3f} "
                   f"({x['lift_points']:+.1f} points, best {x['best_accuracy']:.3f}); RM pair accuracy "
-                  f"{r[arm]['rm']['pair_accuracy']:.3f}; first learned_reward finding at step {x['first_learned_reward_step']}, "
+                  f"{rm:.3f}; first learned_reward finding at step {x['first_learned_reward_step']}, "
                   f"first 5-point fall at step {x['first_5pt_fall_step']}; diagnosis {x['diagnosis']}")
     print(f"wrote {a.results}")
 

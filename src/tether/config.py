@@ -256,6 +256,13 @@ class RewardComponentConfig(_Base):
     name: str
     weight: float = 1.0
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    max_steps: int | None = Field(
+        None, gt=0, description="pay this component for at most N RL steps (a learned reward gets hacked: "
+        "DeepSeek-R1 caps its RM-based RL at a few hundred steps); then at_max_steps (tether.rewards.cap)"
+    )
+    at_max_steps: Literal["stop", "drop"] = Field(
+        "stop", description="stop: end the run at the cap; drop: weight 0 from then on, the other components train on"
+    )
 
 
 class RewardConfig(_Base):

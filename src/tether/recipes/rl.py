@@ -49,6 +49,7 @@ from tether.recipes.common import (
     attach_lora, graceful_interrupt, load_resume_policy, make_reference, precision_summary, progress_bar, reset_reference,
     seed_run, setup_policy, setup_problems,
 )
+from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
 from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
 from tether.types import TrainBatch, TrajectoryGroup
@@ -244,11 +245,14 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rd.read_metrics() if "eval/pass@1" in r]
         first_eval = evals[0] if evals else {}
         last_eval = evals[-1] if len(evals) > 1 else first_eval
+    caps = apply_reward_caps(cfg, st.step)  # a resumed run past a component's max_steps (tether.rewards.cap)
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
-        while st.step < cfg.train.steps and not stop:
+        while st.step < cfg.train.steps and not stop and not stops_run(caps):
             metrics, groups = run_rl_step(st, cfg, collect, build)
             st.step += 1
-            if st.step == cfg.train.steps or (cfg.eval.every and st.step % cfg.eval.every == 0):
+            caps += (fired := apply_reward_caps(cfg, st.step))
+            metrics.update(reward_cap_metrics(fired))
+            if st.step == cfg.train.steps or stops_run(fired) or (cfg.eval.every and st.step % cfg.eval.every == 0):
                 last_eval = _evaluate(st, cfg, rd, held_out, st.step)
                 do_kill_point("eval/done")
                 metrics.update(last_eval)
@@ -279,6 +283,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "baseline_greedy_accuracy": first_eval.get("eval/greedy_accuracy"),
         "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy") if last_eval is not first_eval or st.step == 0 else None,
         "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
+        "reward_caps": caps,
         "precision": precision_summary(cfg, policy),
     }
     rd.write_summary(summary)

@@ -27,8 +27,8 @@ from typing import Any
 from tether.health import detectors_learned, detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
-from tether.health.remediation import (ACTIONS, Snapshot, do_rollback, helped, probe_drop, restore_in_force,
-                                       take_snapshot, update_ratio, window_before)
+from tether.health.remediation import (ACTIONS, RESIDUAL_BAND, SIZE_ACTIONS, Snapshot, do_rollback, helped, probe_drop,
+                                       residual, restore_in_force, take_snapshot, update_ratio, window_before)
 from tether.health.telemetry import History, compute_trajectory_stats, compute_weights_fingerprint, finite
 from tether.io.state import decode_state, encode_state
 
@@ -251,7 +251,7 @@ class HealthMonitor:
         return not any(f.step >= step for f in self.findings[-20:])
 
     def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings, stacked: int | None = None,
-                     rollback: bool = False) -> bool:
+                     rollback: bool = False, extra: dict[str, Any] | None = None) -> bool:
         """Try the next candidate; `stacked`: on top of a change kept as part of the repair, with the
         update-size evidence measured from step `stacked` on, from the current weights unless `rollback`."""
         recent = {f.detector for f in self.findings if f.step > step - 10}
@@ -260,7 +260,9 @@ class HealthMonitor:
         # snapshot from the step just before `since` may already hold damage); else undo point = now
         snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None) if damaged else None
         rollback = snap is not None
-        evidence: dict[str, Any] = {"update_ratio": self._update_ratio(since if stacked is None else stacked)}
+        base = self.history.baseline("approx_kl", abs_floor=1e-4)
+        evidence: dict[str, Any] = {"update_ratio": self._update_ratio(since if stacked is None else stacked),
+                                    "kl_base": base.median if base is not None else None, **(extra or {})}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
         while candidates:
@@ -324,6 +326,12 @@ class HealthMonitor:
         probe = self._probe_drop(t["since"], t["start"])
         worse = worse or probe is not None
         self.trial = None
+        left = residual(self.history, t) if t["action"] in SIZE_ACTIONS else None
+        if not bad and not worse and not unsafe and left is not None:  # kept, but the update size is still out of band
+            self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean,
+                      partial=f"per-update KL still {left:.3g}x its pre-fault median (healthy band {RESIDUAL_BAND:g}x)")
+            return self._start_trial(st, cfg, step, t["since"], ["lower_lr_residual"] + t["candidates"], t["hyp"], [],
+                                     stacked=t["start"] + 1, extra={"residual_ratio": left, "kl_base": t["evidence"].get("kl_base")})
         if not bad and not worse and not unsafe:
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean)
             return False

@@ -137,6 +137,16 @@ def _lower_lr(factor: float, scaled: bool = False):
     return apply
 
 
+def _lower_lr_residual(st, cfg, ev):
+    """The LR cut again by what a kept update-size repair left: the trial window's median
+    per-update KL over the pre-fault baseline (`residual_ratio`), 1/sqrt of it (no floor of 0.3x:
+    a residual just over the band costs a mild cut)."""
+    r = ev.get("residual_ratio")
+    if not isinstance(r, (int, float)) or r <= 1:
+        return []
+    return [_set_lr(st, max(0.02, 1.0 / r ** 0.5))]
+
+
 def _restore_clip(st, cfg, ev):
     """PPO clipping back to its defaults when it was switched off (a range of 1 or more)."""
     pl = cfg.algo.policy_loss
@@ -251,6 +261,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3, scaled=True)),
     Action("restore_clip", "switch PPO clipping back on (default range)", _HARM + ("clip_saturation",), _restore_clip),
     Action("lower_epochs", "one epoch per batch", _HARM + ("clip_saturation",), _lower_epochs),
+    Action("lower_lr_residual", "lower the learning rate again by the update size a kept repair left",
+           _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr_residual),
     Action("lower_lr_x10", "lower the learning rate 10x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"),
            _lower_lr(0.1)),
     Action("drop_entropy_bonus", "switch the entropy bonus off", _HARM + ("entropy_explosion",), _drop_entropy_bonus),
@@ -316,6 +328,31 @@ def helped(history: Any, trial: dict[str, Any]) -> str | None:
     if isinstance(before, (int, float)) and before > 1 and after is not None and after <= 0.5 * before:
         return f"update size {after:.3g}x healthy, down from {before:.3g}x"
     return None
+
+
+# repairs of the update size: kept only once the per-update KL is back in its healthy band
+SIZE_ACTIONS = ("lower_lr", "lower_lr_residual", "lower_lr_x10", "restore_clip", "lower_epochs")
+# The healthy band: in 63 healthy faultbench runs (AMD EPYC, 2026-12-02: 1 and 2 threads, 1 and 3
+# epochs) the median approx_kl of a 6-step window after step 13 was at most 2.8x the median of
+# steps 4-12, and at most 1.9x in 95% of the 252 windows; a residual just over the band costs a
+# mild extra cut (1/sqrt(2) = 0.71x), a missed one leaves an LR several times too high.
+RESIDUAL_BAND = 2.0
+
+
+def residual(history: Any, trial: dict[str, Any], band: float = RESIDUAL_BAND) -> float | None:
+    """The update size a kept repair of it left: the median per-update KL of the trial window (its
+    first step excluded: the change takes effect there) over the pre-fault baseline median, when
+    above `band` (None: back in the band, or no KL logged)."""
+    from tether.health.telemetry import finite
+
+    base = trial.get("evidence", {}).get("kl_base")
+    kl = sorted(v for r in history.rows if r["step"] > trial["start"] + 1 and r["step"] not in history.discarded
+                and (v := finite(r.get("approx_kl"))) is not None)
+    if not isinstance(base, (int, float)) or base <= 0 or len(kl) < 3:
+        return None
+    mid = len(kl) // 2
+    ratio = (kl[mid] if len(kl) % 2 else 0.5 * (kl[mid - 1] + kl[mid])) / base
+    return ratio if ratio > band else None
 
 
 # ----------------------------------------------------------------------------- resume

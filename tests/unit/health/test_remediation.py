@@ -344,3 +344,39 @@ def test_the_absolute_update_size_check_counts_as_harm_in_a_trial():
     assert events[:3] == [("apply", "restore_clip"), ("keep", "restore_clip"), ("apply", "lower_lr")], events
     assert mon.actions[1]["partial"] and mon.actions[2]["rollback_to"] is not None
     assert cfg.algo.policy_loss.clip_low == 0.2
+
+
+def test_a_kept_lr_repair_that_leaves_the_update_size_out_of_band_is_followed_by_a_sized_cut():
+    """The LR 25x too high from step 15, and the per-update KL saturating at 100x healthy (it grows
+    with the square of the step only for small steps): the first cut, sized by the saturated
+    evidence (1/sqrt(100)), leaves the LR 2.5x too high - 6x the healthy KL, which the 8x spike
+    rule does not flag, so the trial keeps it. The trial window's median KL is still out of the
+    healthy band (2x), so the LR is cut again by 1/sqrt(6.25) and the update size is back."""
+    st, cfg = _state(), _cfg(trial_window=5)
+    mon = HealthMonitor(cfg)
+
+    def edit(row, step):
+        if step >= 15:
+            lr_x = st.optimizer.param_groups[0]["lr"] * 25 / 1e-3
+            row["approx_kl"] = min(0.01 * lr_x ** 2, 1.0) * row["approx_kl"] / 0.01
+
+    assert _drive(mon, st, cfg, 40, edit) is None
+    events = [(a["event"], a["action"]) for a in mon.actions]
+    assert events == [("apply", "lower_lr"), ("keep", "lower_lr"), ("apply", "lower_lr_residual"),
+                      ("keep", "lower_lr_residual")], events
+    assert "still" in mon.actions[1]["partial"] and mon.actions[2]["rollback_to"] is None  # on top of the first cut
+    assert "partial" not in mon.actions[3]  # back in the band: done
+    assert st.optimizer.param_groups[0]["lr"] * 25 == pytest.approx(1e-3, rel=0.35)
+
+
+def test_a_kept_repair_back_in_the_healthy_band_is_not_cut_again():
+    from tether.health.remediation import residual
+    from tether.health.telemetry import History
+
+    h = History(4, 8, 50)
+    for s, kl in enumerate([0.01] * 12 + [0.5, 0.015, 0.018, 0.012, 0.02, 0.016, 0.014], 1):
+        h.add(s, {"approx_kl": kl})
+    trial = {"start": 13, "evidence": {"kl_base": 0.01}}
+    assert residual(h, trial) is None  # steps 15-19 (the first trial step is left out): median 0.016, 1.6x
+    assert residual(h, {"start": 13, "evidence": {"kl_base": 0.005}}) == pytest.approx(3.2)
+    assert residual(h, {"start": 13, "evidence": {}}) is None  # no pre-fault baseline: nothing to compare

@@ -261,7 +261,7 @@ class HealthMonitor:
         snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None) if damaged else None
         rollback = snap is not None
         base = self.history.baseline("approx_kl", abs_floor=1e-4)
-        evidence: dict[str, Any] = {"update_ratio": self._update_ratio(since if stacked is None else stacked),
+        evidence: dict[str, Any] = {"update_ratio": update_ratio(self.history, since if stacked is None else stacked),
                                     "kl_base": base.median if base is not None else None, **(extra or {})}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
@@ -296,12 +296,6 @@ class HealthMonitor:
             return False
         return self._give_up(st, step, hyp, snap, "no applicable repair left")
 
-    def _probe_drop(self, since: int, start: int) -> str | None:
-        return probe_drop(self.history, since, start)
-
-    def _update_ratio(self, since: int) -> float | None:
-        return update_ratio(self.history, since)
-
     def _window_before(self, since: int) -> list[float]:
         return window_before(self.history, since, self.hc.trial_window)
 
@@ -323,7 +317,7 @@ class HealthMonitor:
             var = sum((x - pre_mean) ** 2 for x in pre) / (len(pre) - 1)
             tol = max(tol, 2 * (var / len(pre) + var / len(now)) ** 0.5)
         worse = pre_mean is not None and now_mean is not None and now_mean < pre_mean - tol
-        probe = self._probe_drop(t["since"], t["start"])
+        probe = probe_drop(self.history, t["since"], t["start"])
         worse = worse or probe is not None
         self.trial = None
         left = residual(self.history, t) if t["action"] in SIZE_ACTIONS else None

@@ -32,7 +32,7 @@ class Cause:
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
-          {"grad_spike": 3, "kl_explosion": 4, "update_size": 4, "clip_saturation": 2, "entropy_explosion": 1,
+          {"grad_spike": 3, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2, "entropy_explosion": 1,
            "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
           "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor"),
@@ -43,7 +43,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"entropy_collapse": 3, "no_signal": 0.5, "length:collapse": 0.3},
           ("raise_temperature",), "raise rollout temperature, clip-higher, Clip-Cov/KL-Cov, an entropy bonus"),
     Cause("entropy_explosion", "optimisation", "entropy blow-up (entropy bonus / clip-higher too permissive)",
-          {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3, "kl_explosion": -1.5, "grad_spike": -1},
+          {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3, "kl_explosion": -1.5,
+           "kl_explosion:sustained": 1.5, "grad_spike": -1},
           ("drop_entropy_bonus", "raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor"),
     Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
           {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3,

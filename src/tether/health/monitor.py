@@ -320,21 +320,23 @@ class HealthMonitor:
         probe = probe_drop(self.history, t["since"], t["start"])
         worse = worse or probe is not None
         self.trial = None
-        left = residual(self.history, t) if t["action"] in SIZE_ACTIONS else None
-        if not bad and not worse and not unsafe and left is not None:  # kept, but the update size is still out of band
-            self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean,
-                      partial=f"per-update KL still {left:.3g}x its pre-fault median (healthy band {RESIDUAL_BAND:g}x)")
-            return self._start_trial(st, cfg, step, t["since"], ["lower_lr_residual"] + t["candidates"], t["hyp"], [],
-                                     stacked=t["start"] + 1, extra={"residual_ratio": left, "kl_base": t["evidence"].get("kl_base")})
+        # a kept repair of the update size that left the per-update KL out of its healthy band: the
+        # next change is an LR cut sized by what is left (then the other candidates)
+        left = residual(self.history, t) if t["action"] in SIZE_ACTIONS and not unsafe else None
+        nxt = (["lower_lr_residual"] if left else []) + t["candidates"]
+        extra = {"residual_ratio": left, "kl_base": t["evidence"].get("kl_base")}
         if not bad and not worse and not unsafe:
-            self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean)
-            return False
-        part = helped(self.history, t) if bad and not unsafe and t["candidates"] else None
+            part = f"per-update KL still {left:.3g}x its pre-fault median (band {RESIDUAL_BAND:g}x)" if left else None
+            self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean,
+                      **({"partial": part} if part else {}))
+            return self._start_trial(st, cfg, step, t["since"], nxt, t["hyp"], [], stacked=t["start"] + 1,
+                                     extra=extra) if left else False
+        part = helped(self.history, t) if bad and not unsafe and nxt else None
         if part:  # part of the repair: it stays and the next candidate goes on top (weights rolled back if they lost accuracy)
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean,
                       pre_mean=pre_mean, partial=part)
-            return self._start_trial(st, cfg, step, t["since"], t["candidates"], t["hyp"], [], stacked=t["start"] + 1,
-                                     rollback=worse)
+            return self._start_trial(st, cfg, step, t["since"], nxt, t["hyp"], [], stacked=t["start"] + 1,
+                                     rollback=worse, extra=extra)
         if t["snap"] is not None:
             do_rollback(st, t["snap"])
         for c in reversed(t["changes"]):

@@ -85,6 +85,29 @@ def test_kl_explosion_ignores_the_healthy_tail_of_the_max_ratio():
     assert replay(rows, detector="kl_explosion")
 
 
+def test_kl_explosion_flags_a_kl_several_times_too_high_on_every_step_within_five_steps():
+    """An LR a few times too high (faultbench lr_spike/subtle s1): the per-update KL 6x its baseline
+    on every step, never 8x - the spike rule stays quiet, the sustained rule (mean of 4 steps > 4x)
+    flags it, critical within 5 steps, and names the LR. One healthy 7.7x step (the largest of 63
+    healthy faultbench runs) is not a finding."""
+    def six_x(row, step):
+        row["approx_kl"] *= 6.0
+
+    found = replay(series(30, 3, {"k": six_x}), detector="kl_explosion", thresholds={"kl_explosion.sustained": 1e9})
+    assert found == []  # the spike rule alone misses it
+    found = replay(series(30, 3, {"k": six_x}), detector="kl_explosion")
+    crit = [f for f in found if f.severity == "critical"]
+    assert crit and crit[0].step <= 15 + 5 and crit[0].evidence["rule"] == "sustained"
+    from tether.health.diagnosis import diagnose
+    assert diagnose(found)[0].cause == "lr_too_high"
+
+    def one_spike(row, step):
+        if step == 20:
+            row["approx_kl"] *= 7.7
+
+    assert replay(series(30, 3, {"k": one_spike}), detector="kl_explosion") == []
+
+
 def test_stall_of_a_small_phase_that_became_ten_times_slower():
     """A reward at 5% of the step taking 30x longer: the step only 2.4x slower (below the 3x
     rule) - still a stalled component. Load that stretches the biggest phase 4x (a 2.5x step),
@@ -215,3 +238,16 @@ def test_slow_entropy_climb_is_flagged_below_the_explosion_level():
     assert max(r["entropy"] for r in rows) < 1.6 * 0.7 and found[0].step < 36
     flat_high = series(40, 1, {"e": _set("entropy", lambda r, s: r["entropy"] * 0.8)})  # RL sharpening: lower
     assert replay(flat_high, "entropy_explosion") == []
+
+
+def test_a_sustained_kl_rise_does_not_argue_against_an_entropy_bonus():
+    """An entropy bonus flattens every distribution a little on every step: a steady KL rise comes
+    with it (faultbench entropy_bonus/obvious s0, s2). Only a KL spike points away from it, to the LR."""
+    from tether.health.detectors import Finding
+    from tether.health.diagnosis import diagnose
+
+    ent = Finding("entropy_explosion", "entropy_explosion", "critical", 25, 23, "entropy up")
+    steady = Finding("kl_explosion", "kl_explosion", "critical", 26, 24, "mean KL up", {"rule": "sustained"})
+    spike = Finding("kl_explosion", "kl_explosion", "critical", 26, 24, "KL spike", {"rule": "spike"})
+    assert diagnose([ent, steady])[0].cause == "entropy_explosion"
+    assert diagnose([ent, spike])[0].cause == "lr_too_high"

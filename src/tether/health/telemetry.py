@@ -160,11 +160,16 @@ def _reward_linkage(trajs: Sequence[Any], n: int) -> dict[str, float]:
 
 
 def compute_advantage_alignment(adv_BT: torch.Tensor, scores_B: torch.Tensor, mask_BT: torch.Tensor, group_B: torch.Tensor) -> dict[str, float]:
-    """`advantage/score_corr`: Pearson correlation, over sequences, between the mean advantage of
-    a sequence and its score minus its group's mean score.
+    """`advantage/score_corr`: the Pearson correlation, within each group, between the mean
+    advantage of a sequence and its score, averaged over the groups with score variance.
 
-    A correct estimator gives a clearly positive value (1 for GRPO/RLOO outcome rewards); a sign
-    or grouping bug gives ~0 or negative. NaN when no group has reward variance.
+    Within a group every group-relative estimator (GRPO, Dr. GRPO, RLOO, ...) is an increasing
+    affine map of the score, so a correct one gives 1 whatever the reward's scale; a sign bug gives
+    -1, an indexing or grouping bug ~0. (Pooled over the batch, the correlation also depends on
+    each group's normalisation: GRPO's division by the group std blows a continuous reward's tiny
+    spread in one group up to unit advantages, which pulled a healthy pooled value down to 0.66
+    under a small length bonus - faultbench reward_hack_bonus/subtle s2, read as an advantage bug.)
+    NaN when no group has score variance, or every advantage is 0.
     """
     with torch.no_grad():
         m = mask_BT.float()
@@ -174,14 +179,19 @@ def compute_advantage_alignment(adv_BT: torch.Tensor, scores_B: torch.Tensor, ma
             return {"advantage/score_corr": float("nan")}
         a = (adv_BT.float() * m).sum(-1)[keep] / n[keep]
         s, g = scores_B.float()[keep], group_B[keep]
-        G = int(g.max()) + 1
-        sums = torch.zeros(G).index_add_(0, g, s)
-        cnt = torch.zeros(G).index_add_(0, g, torch.ones_like(s))
-        c = s - (sums / cnt.clamp(min=1))[g]
         out = compute_group_advantage_stats(a, s, g)
-        a, c = a - a.mean(), c - c.mean()
-        den = float(a.norm() * c.norm())
-        out["advantage/score_corr"] = float((a * c).sum()) / den if den > 1e-12 else float("nan")
+        a, s = a.double(), s.double()
+        G = int(g.max()) + 1
+        cnt = torch.zeros(G, dtype=torch.float64).index_add_(0, g, torch.ones_like(s)).clamp(min=1)
+        da = a - (torch.zeros(G, dtype=torch.float64).index_add_(0, g, a) / cnt)[g]
+        ds = s - (torch.zeros(G, dtype=torch.float64).index_add_(0, g, s) / cnt)[g]
+        num, va, vs = (torch.zeros(G, dtype=torch.float64).index_add_(0, g, x) for x in (da * ds, da * da, ds * ds))
+        ok = vs > 1e-12
+        if not bool(ok.any()) or float(a.abs().sum()) == 0.0:
+            out["advantage/score_corr"] = float("nan")
+            return out
+        corr = num[ok] / (va[ok] * vs[ok]).sqrt().clamp(min=1e-300)  # a group with flat advantages: 0
+        out["advantage/score_corr"] = float(corr.mean())
         return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from tether.health.telemetry import History, compute_advantage_alignment, compute_baseline, compute_trajectory_stats
@@ -83,3 +84,22 @@ def test_history_baseline_window_exclusion_and_rebase():
         h.add(s, {"x": float(s)})
     assert h.baseline_steps == [12, 13, 14, 15]  # re-anchored at step 20 on healthy steps >= lag old
     assert h.values("x", 2) == [19.0, 20.0]
+
+
+def test_advantage_alignment_is_one_for_grpo_on_a_continuous_reward_of_any_spread():
+    """GRPO divides each group by its own std: a group whose scores differ by 0.01 gets the same
+    unit advantages as one whose scores differ by 1. Within each group the advantages follow the
+    score exactly, so the alignment is 1 (pooled over the batch: 0.88); one group's advantages
+    reversed (a sign bug in one of two groups) averages to 0."""
+    scores = torch.tensor([0.0, 0.01, 0.004, 0.3, 1.0, 0.2, 0.0, 0.9])
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    mean_G = torch.stack([scores[group == i].mean() for i in (0, 1)])
+    std_G = torch.stack([scores[group == i].std() for i in (0, 1)])
+    adv = ((scores - mean_G[group]) / (std_G[group] + 1e-6))[:, None].expand(8, 3).clone()
+    mask = torch.ones(8, 3)
+    assert compute_advantage_alignment(adv, scores, mask, group)["advantage/score_corr"] == pytest.approx(1.0, abs=1e-6)
+    pooled = torch.corrcoef(torch.stack([adv[:, 0], scores - mean_G[group]]))[0, 1]
+    assert pooled < 0.9  # 0.88: what the pooled correlation made of the same healthy advantages
+    flipped = adv.clone()
+    flipped[group == 1] *= -1
+    assert compute_advantage_alignment(flipped, scores, mask, group)["advantage/score_corr"] == pytest.approx(0.0, abs=1e-6)

@@ -5,7 +5,6 @@ model, and the hand-off of a stage's model to the next one (a Hugging Face direc
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,7 +15,7 @@ from tether.config import ConfigError, TetherConfig
 from tether.eval.runner import run_eval
 from tether.policy.hf import HFPolicy, load_policy
 from tether.rollout import make_rollout
-from tether.tasks import DataError
+from tether.tasks import read_jsonl_fields  # noqa: F401  (re-exported for the stage recipes)
 from tether.types import Trajectory, TrajectoryGroup
 
 
@@ -31,28 +30,6 @@ def start_stage(cfg: TetherConfig, run_dir: str | Path):
     seed_run(cfg.run)
     train, _ = setup_problems(cfg)
     return rd, train, setup_policy(cfg, rd.root, train)
-
-
-def read_jsonl_fields(path: str | Path, fields: Sequence[str], setting: str) -> list[dict[str, Any]]:
-    """Rows of a JSONL file that each need the string `fields`; a bad line fails with file:line."""
-    p, rows = Path(path), []
-    if not p.is_file():
-        raise DataError(f"{setting}={p}: file not found")
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{p}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-        missing = [k for k in fields if not isinstance(row, dict) or not isinstance(row.get(k), str)]
-        if missing:
-            raise DataError(f"{p}:{lineno}: missing field(s) {missing}; each line needs string fields "
-                            + ", ".join(f'"{k}"' for k in fields))
-        rows.append(row)
-    if not rows:
-        raise DataError(f"{p}: no rows found")
-    return rows
 
 
 def run_sampling(policy: HFPolicy, problems: Sequence[dict[str, Any]], k: int, cfg: TetherConfig,

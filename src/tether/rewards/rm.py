@@ -21,7 +21,6 @@ the call — the scale of an RM is arbitrary; group-relative estimators do not n
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -143,29 +142,7 @@ REWARD_FUNCTIONS.register("reward_model")(reward_model)
 
 def read_pairs(path: str | Path) -> list[dict[str, str]]:
     """Preference pairs from JSONL: {"prompt", "chosen", "rejected"} per line; errors name file:line."""
-    from tether.config import ConfigError
+    from tether.tasks import read_jsonl_fields
 
-    pairs = []
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: pairs file not found") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}:{n}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{n}: expected a JSON object with prompt, chosen, rejected")
-        missing = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row.get(k), str)]
-        if missing:
-            raise ConfigError(f"{path}:{n}: missing or non-string field(s) {missing}; present: {sorted(row)}")
-        pairs.append({k: row[k] for k in ("prompt", "chosen", "rejected")})
-    if not pairs:
-        raise ConfigError(f"{path}: no pairs")
-    return pairs
+    fields = ("prompt", "chosen", "rejected")
+    return [{k: row[k] for k in fields} for row in read_jsonl_fields(path, fields, "rm.pairs / rm.eval_pairs")]

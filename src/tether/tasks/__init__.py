@@ -11,7 +11,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from tether.errors import UserError
 from tether.registry import Registry, import_object
@@ -190,15 +190,15 @@ def demonstration(task: str, problem: dict[str, Any], noise: float = 0.0, rng: r
     return demo
 
 
-def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read problems from JSONL; every line needs "prompt" and "answer". Errors name file:line."""
+def iter_jsonl(path: str | Path, setting: str = "data.path / data.eval_path") -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSONL file. A directory, a missing file,
+    bytes that are not UTF-8, a line that is not JSON or not an object: DataError naming the file
+    (and line), and `setting`, the config key that names the file."""
     p = Path(path)
     if p.is_dir():
-        raise DataError(f"{p} is a directory; data.path / data.eval_path name a JSONL file")
+        raise DataError(f"{p} is a directory; {setting} name a JSONL file")
     if not p.is_file():
-        raise DataError(f"{p}: file not found")
-    rows: list[dict[str, Any]] = []
-    first_line: dict[str, int] = {}
+        raise DataError(f"{p}: file not found ({setting})")
     with p.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -214,22 +214,46 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise DataError(f"{p}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in ("prompt", "answer") if k not in row]
-            if missing:
-                raise DataError(f"{p}:{lineno}: missing key(s) {missing}; each line needs \"prompt\" and \"answer\"")
-            if not isinstance(row["prompt"], str) or not row["prompt"]:
-                raise DataError(f"{p}:{lineno}: \"prompt\" must be a non-empty string")
-            if row["answer"] is None:
-                raise DataError(f"{p}:{lineno}: \"answer\" is null; give the reference answer as a string")
-            row = dict(row)
-            row["answer"] = str(row["answer"])
-            row.setdefault("id", f"{p.stem}-{lineno}")
-            key = str(row["id"])
-            if key in first_line:  # evaluation keys results by id: a duplicate would be counted twice
-                raise DataError(f"{p}:{lineno}: duplicate id {key!r} (first on line {first_line[key]}); "
-                                "give every problem a unique \"id\" or drop the field to number lines")
-            first_line[key] = lineno
-            rows.append(row)
+            yield lineno, row
+
+
+def read_jsonl_fields(path: str | Path, fields: Sequence[str], setting: str) -> list[dict[str, Any]]:
+    """Rows of a JSONL file that each need the string `fields` (preference pairs, SFT mixes); a bad
+    line fails with file:line."""
+    rows = []
+    for lineno, row in iter_jsonl(path, setting):
+        missing = [k for k in fields if not isinstance(row.get(k), str)]
+        if missing:
+            raise DataError(f"{path}:{lineno}: missing or non-string field(s) {missing}; each line needs string fields "
+                            + ", ".join(f'"{k}"' for k in fields))
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows found ({setting})")
+    return rows
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read problems from JSONL; every line needs "prompt" and "answer". Errors name file:line."""
+    p = Path(path)
+    rows: list[dict[str, Any]] = []
+    first_line: dict[str, int] = {}
+    for lineno, row in iter_jsonl(p):
+        missing = [k for k in ("prompt", "answer") if k not in row]
+        if missing:
+            raise DataError(f"{p}:{lineno}: missing key(s) {missing}; each line needs \"prompt\" and \"answer\"")
+        if not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise DataError(f"{p}:{lineno}: \"prompt\" must be a non-empty string")
+        if row["answer"] is None:
+            raise DataError(f"{p}:{lineno}: \"answer\" is null; give the reference answer as a string")
+        row = dict(row)
+        row["answer"] = str(row["answer"])
+        row.setdefault("id", f"{p.stem}-{lineno}")
+        key = str(row["id"])
+        if key in first_line:  # evaluation keys results by id: a duplicate would be counted twice
+            raise DataError(f"{p}:{lineno}: duplicate id {key!r} (first on line {first_line[key]}); "
+                            "give every problem a unique \"id\" or drop the field to number lines")
+        first_line[key] = lineno
+        rows.append(row)
     if not rows:
         raise DataError(f"{p}: no problems found")
     return rows

@@ -159,14 +159,14 @@ def test_judge_needs_exactly_one_source():
 
 
 def test_pairs_file_errors_name_file_and_line(tmp_path):
-    from tether.config import ConfigError
+    from tether.tasks import DataError
 
     p = tmp_path / "pairs.jsonl"
     p.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n')
-    with pytest.raises(ConfigError, match=r"pairs.jsonl:2: missing or non-string field\(s\) \['rejected'\]"):
+    with pytest.raises(DataError, match=r"pairs.jsonl:2: missing or non-string field\(s\) \['rejected'\]"):
         read_pairs(p)
     p.write_text("{not json\n")
-    with pytest.raises(ConfigError, match="pairs.jsonl:1: not valid JSON"):
+    with pytest.raises(DataError, match="pairs.jsonl:1: not valid JSON"):
         read_pairs(p)
 
 

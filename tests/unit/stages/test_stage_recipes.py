@@ -80,7 +80,7 @@ def test_dpo_pairs_from_samples_and_short_long():
 def test_pairs_file_with_a_missing_field_names_file_and_line(tmp_path):
     p = tmp_path / "pairs.jsonl"
     p.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n\n{"prompt": "a", "chosen": "b"}\n')
-    with pytest.raises(DataError, match=r"pairs.jsonl:3: missing field\(s\) \['rejected'\]"):
+    with pytest.raises(DataError, match=r"pairs.jsonl:3: missing or non-string field\(s\) \['rejected'\]"):
         load_pair_rows(p)
     p.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
     assert load_pair_rows(p) == [{"prompt": "a", "chosen": "b", "rejected": "c"}]

@@ -397,14 +397,25 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
     return write_sweep_results(out, spec, arms, results, failures, prepared)
 
 
+def _relative(out: Path, run_dir: str | Path) -> str:
+    """A run directory inside the sweep's `out` as a path relative to it (sweep.json stays valid when
+    the sweep directory is moved or copied); one outside it stays as given."""
+    try:
+        return str(Path(run_dir).resolve().relative_to(Path(out).resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
 def write_sweep_results(out: Path, spec: SweepSpec, arms: Sequence[Arm], results: Sequence[Mapping[str, Any]],
                         failures: Sequence[str] = (), prepared: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     rows = compute_sweep_table(results, arms, spec.metric)
     extra_tables = {m: compute_sweep_table([{**r, "value": r.get("extra", {}).get(m)} for r in results], arms, m)
                     for m in spec.extra_metrics}
     order = {(a.label, s): i for i, (a, s) in enumerate(itertools.product(arms, spec.seeds))}
+    prepared = [{**p, "run_dir": _relative(out, p["run_dir"])} for p in prepared]  # the sweep directory can move
+    runs = [{**r, "run_dir": _relative(out, r["run_dir"])} for r in results]
     payload = {"spec": asdict(spec), "table": rows, "extra_tables": extra_tables, "failures": list(failures),
-               "prepare": list(prepared), "runs": sorted(results, key=lambda r: order.get((r["arm"], int(r["seed"])), 0)),
+               "prepare": prepared, "runs": sorted(runs, key=lambda r: order.get((r["arm"], int(r["seed"])), 0)),
                "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     (out / "sweep.json").write_text(json.dumps(payload, indent=1, default=float))
     prep = [f"prepare `{p['name']}`{'' if p['seed'] is None else ' seed ' + str(p['seed'])}: {p['run_dir']} ("

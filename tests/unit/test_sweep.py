@@ -271,3 +271,23 @@ def test_an_unfinished_pipeline_or_interrupted_run_is_not_collected_as_done(tmp_
 def test_no_difference_with_no_spread_is_within_noise():
     d = compute_difference({0: 0.5, 1: 0.5}, {0: 0.5, 1: 0.5})
     assert d["diff"] == 0 and d["within_noise"]
+
+
+def test_sweep_json_names_run_directories_relative_to_the_sweep(tmp_path):
+    """sweep.json stays valid when the sweep directory is moved: run and prepare paths are
+    relative to it, and the curves command reads them from the new place."""
+    import shutil
+
+    from tether.report.sweep_curves import compute_sweep_curves
+    from tether.sweep import _relative
+
+    assert _relative(tmp_path, tmp_path / "a" / "seed-0") == "a/seed-0"
+    assert _relative(tmp_path / "sweep", "/elsewhere/run") == "/elsewhere/run"  # outside: as given
+    run = tmp_path / "sweep" / "arm" / "seed-0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1, "acc": 0.5}\n{"step": 2, "acc": 0.7}\n')
+    moved = tmp_path / "moved"
+    shutil.move(str(tmp_path / "sweep"), moved)
+    rows = [{"arm": "arm", "seed": 0, "run_dir": "arm/seed-0"}]
+    curves = compute_sweep_curves(rows, "acc", root=moved)
+    assert [p["mean"] for p in curves["arm"]] == [0.5, 0.7]

@@ -52,7 +52,7 @@ def test_prepare_runs_once_and_every_arm_gets_its_path(tmp_path):
     rec = payload["prepare"]
     assert len(rec) == 1 and rec[0]["ran"] and rec[0]["summary"]["final_loss"] == 0.25
     assert "prepare `sft`" in (tmp_path / "sweep.md").read_text()
-    assert json.loads((tmp_path / "sweep.json").read_text())["prepare"][0]["run_dir"] == str(tmp_path / "prepare" / "sft")
+    assert json.loads((tmp_path / "sweep.json").read_text())["prepare"][0]["run_dir"] == "prepare/sft"  # relative to the sweep
     again = Runs()
     payload = run_sweep(_spec(), {"run": {"name": "t"}}, tmp_path, run_fn=again, log=lambda m: None)
     assert again.calls == [] and payload["prepare"][0]["ran"] is False  # found finished: not run again

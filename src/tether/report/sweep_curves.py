@@ -43,13 +43,17 @@ def read_curve(run_dir: Path, key: str, stage: str | None = None) -> dict[int, f
     return out
 
 
-def compute_sweep_curves(runs: Sequence[Mapping[str, Any]], key: str, stage: str | None = None
-                         ) -> dict[str, list[dict[str, Any]]]:
-    """{arm: [{step, n, mean, se}, ...]} from sweep.json's `runs` rows (arm, seed, run_dir)."""
+def compute_sweep_curves(runs: Sequence[Mapping[str, Any]], key: str, stage: str | None = None,
+                         root: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
+    """{arm: [{step, n, mean, se}, ...]} from sweep.json's `runs` rows (arm, seed, run_dir); a
+    relative run_dir is read under `root`, the sweep directory."""
     by_arm: dict[str, dict[int, list[float]]] = {}
     for r in runs:
         steps = by_arm.setdefault(r["arm"], {})
-        for step, v in read_curve(Path(r["run_dir"]), key, stage).items():
+        run_dir = Path(r["run_dir"])
+        if root is not None and not run_dir.is_absolute():
+            run_dir = Path(root) / run_dir
+        for step, v in read_curve(run_dir, key, stage).items():
             steps.setdefault(step, []).append(v)
     return {arm: [{"step": s, **compute_arm_stats(vals)} for s, vals in sorted(steps.items())]
             for arm, steps in by_arm.items()}
@@ -91,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not sweep_json.exists():
         print(f"error: {sweep_json} not found: run `tether sweep ... --out {args.sweep_dir}` first")
         return 2
-    curves = compute_sweep_curves(json.loads(sweep_json.read_text())["runs"], args.key, args.stage)
+    curves = compute_sweep_curves(json.loads(sweep_json.read_text())["runs"], args.key, args.stage, sweep_json.parent)
     (args.sweep_dir / "curves.json").write_text(json.dumps({"key": args.key, "stage": args.stage, "curves": curves},
                                                            indent=1, default=float))
     png = plot_sweep_curves(curves, args.key, args.sweep_dir / "plots" / "curves.png")

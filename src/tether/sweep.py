@@ -348,9 +348,9 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
     out = Path(out)
     _prepare_dir(out, base, spec)
     arms = spec.arms()
-    prepared = run_prepare(spec.prepare, spec.seeds, out, run_fn, _finished, _move_aside, log, SweepError)
     threads = [] if any(o.startswith("run.threads=") for o in spec.overrides) or workers <= 1 else [
         f"run.threads={max(1, (os.cpu_count() or 2) // workers)}"]
+    prepared = run_prepare(spec.prepare, spec.seeds, out, run_fn, _finished, _move_aside, log, SweepError, workers, threads)
     todo, results = [], []
     for arm in arms:
         for seed in spec.seeds:

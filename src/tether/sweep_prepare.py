@@ -14,8 +14,9 @@ that a comparison that needs a starting model is still one command.
 Layout: `<out>/prepare/<name>.yaml` (the step's config), `<out>/prepare/<name>/` its run directory
 (`<out>/prepare/<name>/seed-<s>/` when per_seed) with the log beside it. A step is done when its
 run directory holds a finished summary.json (the same test as an arm's run); an unfinished one is
-moved aside and run again. The steps run one at a time before any arm; they do not receive the
-sweep's command-line overrides (their config is another file). Their summaries (scalars) go into
+moved aside and run again. The steps run in order before any arm, the seeds of a per-seed step
+`--workers` at a time (with the arms' per-worker `run.threads`); they do not receive the sweep's
+other overrides (their config is another file). Their summaries (scalars) go into
 sweep.json under `prepare`.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,20 +88,26 @@ def substitute(overrides: Sequence[str], prepare: Mapping[str, Mapping], out: Pa
 
 def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, run_fn: Callable,
                 finished: Callable[[Path], dict | None], move_aside: Callable[[Path], None],
-                log: Callable[[str], None], error: type[Exception]) -> list[dict[str, Any]]:
+                log: Callable[[str], None], error: type[Exception], workers: int = 1,
+                extra: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Run every prepare step (each seed of a per-seed one) whose run is not finished yet; one record
-    per run: name, seed (None: once), run_dir, ran (False: found finished), seconds, summary scalars."""
+    per run: name, seed (None: once), run_dir, ran (False: found finished), seconds, summary scalars.
+    The seeds of a per-seed step run `workers` at a time, with `extra` overrides (the sweep's
+    per-worker thread count); the steps themselves run in order (a later one may start from an
+    earlier one)."""
     records = []
     for name, step in prepare.items():
         cfg_path = out / "prepare" / f"{name}.yaml"
         cfg_path.parent.mkdir(parents=True, exist_ok=True)
         cfg_path.write_text(yaml.safe_dump(dict(step["config"]), sort_keys=False))
-        for seed in (seeds if step["per_seed"] else [None]):
+
+        def one(seed: int | None, name: str = name, step: Mapping = step, cfg_path: Path = cfg_path) -> dict[str, Any]:
             run_dir = step_dir(out, name, step, seed if seed is not None else 0)
             summary, ran, secs = finished(run_dir), False, 0.0
             if summary is None:
                 move_aside(run_dir)
-                argv = [step["command"], str(cfg_path), *step["overrides"], *([f"run.seed={seed}"] if seed is not None else [])]
+                argv = [step["command"], str(cfg_path), *step["overrides"], *extra,
+                        *([f"run.seed={seed}"] if seed is not None else [])]
                 label = name if seed is None else f"{name} seed {seed}"
                 log(f"[tether sweep] prepare {label}: {step['command']} -> {run_dir}")
                 t = time.perf_counter()
@@ -109,8 +117,12 @@ def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path,
                 if summary is None:
                     raise error(f"prepare step {label} failed (exit {code}); see {run_dir.with_name(run_dir.name + '.log')}")
                 log(f"[tether sweep] prepare {label}: done ({secs:.0f}s)")
-            records.append({"name": name, "seed": seed, "run_dir": str(run_dir), "ran": ran, "seconds": secs,
-                            "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
+            return {"name": name, "seed": seed, "run_dir": str(run_dir), "ran": ran, "seconds": secs,
+                    "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
+
+        todo = list(seeds) if step["per_seed"] else [None]
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
+            records.extend(pool.map(one, todo))  # in seed order; the first failure is raised
     return records
 
 

@@ -88,6 +88,26 @@ def test_a_per_seed_prepare_step_runs_once_per_seed(tmp_path):
         assert f"model.path={tmp_path / 'prepare' / 'sft' / f'seed-{seed}'}/final_model" in call
 
 
+def test_the_seeds_of_a_per_seed_prepare_step_run_on_the_sweep_workers(tmp_path):
+    """With --workers 2, both seeds' prepare runs are started before either finishes (a barrier that
+    only two concurrent runs can pass; no timing), each with the arms' per-worker thread count."""
+    import threading
+
+    barrier, runs = threading.Barrier(2, timeout=60), Runs()
+    lock = threading.Lock()
+
+    def run_fn(argv, run_dir, log_path):
+        if argv[0] == "sft":
+            barrier.wait()  # raises BrokenBarrierError if the two seeds ran one after the other
+        with lock:
+            return runs(argv, run_dir, log_path)
+
+    run_sweep(_spec(per_seed=True), {}, tmp_path, workers=2, run_fn=run_fn, log=lambda m: None)
+    sft = [c for c in runs.calls if c[0] == "sft"]
+    assert sorted(c[-1] for c in sft) == ["run.seed=0", "run.seed=1"]
+    assert all(any(a.startswith("run.threads=") for a in c) for c in sft)
+
+
 def test_a_failed_prepare_step_stops_the_sweep(tmp_path):
     def fails(argv, run_dir, log_path):
         return 3

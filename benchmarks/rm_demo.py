@@ -131,6 +131,46 @@ def doctor_flags(run: Path) -> dict:
             "diagnosis": hyps[0].cause if hyps else None}
 
 
+def probe_rm(cfg, sft_model: Path, rm_dir: Path, problems: list[dict], n: int, seed: int) -> dict:
+    """How much a reward model can lift the policy, read off the policy's own samples: per group of n
+    samples (temperature 1.0) of the SFT policy, the verified pass rate, the RM's best-of-n, pass@n,
+    and the verified accuracy of the KL-regularised optimum pi_ref * exp(r / beta) restricted to the
+    group's samples (the optimum of E[r] - beta KL(pi || pi_ref), Rafailov et al. arXiv 2305.18290 eq. 4)
+    for raw and sigmoid scores. Only a diagnostic: the problems are the RM's held-out pair problems."""
+    import math
+
+    import torch
+
+    from tether.policy.hf import load_policy
+    from tether.rewards.rm import load_reward_model, score_texts
+    from tether.rollout import make_rollout
+
+    policy = load_policy(str(sft_model), cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
+    groups, _ = make_rollout(cfg).run(policy, problems, n, cfg.rollout.sampling, torch.Generator().manual_seed(seed))
+    model, tok = load_reward_model(rm_dir)
+    model.eval()
+    rows = []
+    for g in groups:
+        texts = [t.info.get("text", "") for t in g.trajectories]
+        rows.append((score_texts(model, tok, [g.task["prompt"]] * len(texts), texts), [bool(t.reward.correct) for t in g.trajectories]))
+
+    def soft(f, beta):
+        acc = 0.0
+        for s, c in rows:
+            r = [f(x) / beta for x in s]
+            w = [math.exp(x - max(r)) for x in r]
+            acc += sum(wi * ci for wi, ci in zip(w, c)) / sum(w)
+        return acc / len(rows)
+
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"problems": len(rows), "samples": n, "pass_rate": mean([mean(c) for _, c in rows]),
+            "rm_best_of_n": mean([c[max(range(len(s)), key=s.__getitem__)] for s, c in rows]),
+            "pass_at_n": mean([any(c) for _, c in rows]), "groups_without_correct": sum(not any(c) for _, c in rows),
+            "kl_optimum_raw": {b: soft(lambda x: x, b) for b in (0.05, 0.3, 1.0, 3.0, 10.0)},
+            "kl_optimum_sigmoid": {b: soft(sig, b) for b in (0.05, 0.3, 1.0)}}
+
+
 def first_fall(curve: list[tuple[int, float]], points: float = 0.05) -> int | None:
     base = curve[0][1]
     return next((s for s, a in curve[1:] if a <= base - points), None)
@@ -179,6 +219,10 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
     res["sft"] = {"seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c, "reused": reused}
     cfg = load_config(CONFIG, base)
     train, _ = setup_problems(cfg)
+    if "probe" in arms:  # the RM's ranking of the SFT policy's own samples, on the RM's held-out pair problems
+        t, c = time.perf_counter(), cpu_seconds()
+        res["probe"] = probe_rm(cfg, sft_model, (SOURCE or out) / "rm" / "final_model", train[800:1000], 8, seed + 5)
+        res["probe"].update(seconds=time.perf_counter() - t, cpu_seconds=cpu_seconds() - c)
     if "verifier" in arms:  # the ceiling: the same RL paid by the verifier the RM stands in for
         t, c = time.perf_counter(), cpu_seconds()
         over = base + _rl_overrides(None, sft_model, {**RL, "train.steps": 6} if quick else RL)
@@ -240,12 +284,15 @@ def main() -> None:
                "wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "runs": runs}
     append_result(Path(a.results), payload)
     for r in runs:
-        for arm in arms:
+        for arm in [x for x in arms if x != "probe"]:
             x, rm = r[arm]["rl"], r[arm].get("rm", {}).get("pair_accuracy", float("nan"))
             print(f"seed {r['seed']} {arm}{TAG}: held-out pass@1 {x['baseline_accuracy']:.3f} -> {x['final_accuracy']:.3f} "
                   f"({x['lift_points']:+.1f} points, best {x['best_accuracy']:.3f}); RM pair accuracy "
                   f"{rm:.3f}; first learned_reward finding at step {x['first_learned_reward_step']}, "
                   f"first 5-point fall at step {x['first_5pt_fall_step']}; diagnosis {x['diagnosis']}")
+    for r in runs:
+        if "probe" in r:
+            print(f"seed {r['seed']} probe: " + json.dumps({k: v for k, v in r["probe"].items() if "seconds" not in k}))
     print(f"wrote {a.results}")
 
 

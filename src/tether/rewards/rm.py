@@ -16,7 +16,9 @@ P(chosen > rejected) = sigmoid(r_c - r_r); training minimises the negative log-l
 The `reward_model` component is *batched* (`fn.batched = True`): it loads the model once per
 process and scores a whole rollout batch per call. Normalisation options: `none` (raw score),
 `sigmoid` (sigmoid of the score: a probability-like value in (0, 1)), `batch` (z-scored within
-the call — the scale of an RM is arbitrary; group-relative estimators do not need it).
+the call — the scale of an RM is arbitrary; group-relative estimators do not need it), `winrate`
+(each sample's Bradley–Terry win rate against the other samples of the same prompt in the call,
+SPPO's reward, arXiv 2405.00675: `compute_win_rates`).
 """
 
 from __future__ import annotations
@@ -119,13 +121,35 @@ def _cached_model(path: str):
     return _MODELS[path]
 
 
+def compute_win_rates(scores: Sequence[float], keys: Sequence[Any]) -> list[float]:
+    """Each sample's Bradley–Terry win rate against the other samples of its prompt:
+    mean over j != i with keys[j] == keys[i] of sigmoid(s_i - s_j); 0.5 for a sample alone.
+
+    The win rate of a response against the current policy's own samples is the reward of SPPO
+    (Wu et al., arXiv 2405.00675 §3, P(y > pi_t | x) estimated from K samples). It reads the RM
+    only through score differences within a prompt, so a per-prompt offset in the scores (which
+    pairwise training does not constrain) cancels, and a near-tie is worth ~0.5 to both sides.
+    """
+    by_key: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_key.setdefault(k, []).append(i)
+    out = [0.5] * len(scores)
+    for idx in by_key.values():
+        for i in idx if len(idx) > 1 else ():
+            out[i] = sum(1.0 / (1.0 + math.exp(scores[j] - scores[i])) for j in idx if j != i) / (len(idx) - 1)
+    return out
+
+
 def reward_model(texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], path: str, normalize: str = "none",
                  max_length: int = 512, batch_size: int = 32) -> list[float]:
     """Reward component: the reward model at `path` scores (task prompt, completion) — batched."""
-    if normalize not in ("none", "sigmoid", "batch"):
-        raise ValueError(f"reward_model: normalize={normalize!r}; valid: none, sigmoid, batch")
+    if normalize not in ("none", "sigmoid", "batch", "winrate"):
+        raise ValueError(f"reward_model: normalize={normalize!r}; valid: none, sigmoid, batch, winrate")
     model, tok = _cached_model(str(path))
-    scores = score_texts(model, tok, [str(t.get("prompt", "")) for t in tasks], list(texts), max_length, batch_size)
+    prompts = [str(t.get("prompt", "")) for t in tasks]
+    scores = score_texts(model, tok, prompts, list(texts), max_length, batch_size)
+    if normalize == "winrate":
+        return compute_win_rates(scores, prompts)
     if normalize == "sigmoid":
         return [1.0 / (1.0 + math.exp(-s)) for s in scores]
     if normalize == "batch" and len(scores) > 1:

@@ -30,3 +30,13 @@ def test_step_reward_configs_validate_and_differ_only_in_the_reward(tmp_path):
     a, b = outcome.model_dump(), step.model_dump()
     a["data"]["task_kwargs"], b["data"]["task_kwargs"] = {}, {}
     assert a == b
+
+
+def test_broadcast_arms_differ_only_in_the_reward(tmp_path):
+    block, (outcome, step) = _arms("rl_broadcast.yaml", tmp_path)
+    assert block["command"] == "train" and len(block["seeds"]) >= 3
+    assert outcome.env.credit == step.env.credit == "broadcast" and outcome.algo.advantage.name == "grpo"
+    assert outcome.data.task_kwargs["subgoal_reward"] == 0.0 and step.data.task_kwargs["subgoal_reward"] == 0.25
+    a, b = outcome.model_dump(), step.model_dump()
+    a["data"]["task_kwargs"], b["data"]["task_kwargs"] = {}, {}
+    assert a == b

@@ -1,6 +1,8 @@
 """A learned reward standing in for a hidden verifier (issue 19): SFT -> reward model -> RL against it.
 
     python benchmarks/rm_demo.py [--seeds 0] [--out runs/rm-demo] [--arms rm,weak_rm] [--quick]
+    python benchmarks/rm_demo.py --arms rm --source runs/rm-demo/seed-0 --tag _winrate \
+        --rm-kwargs 'normalize: winrate' --rl algo.advantage.name=dr_grpo --rl algo.kl.coef=0.2   # RL only
 
 1. SFT on the reverse task's weak-teacher demonstrations (configs/reverse.yaml); reused when
    `<out>/seed-N/sft/final_model` exists.
@@ -17,8 +19,11 @@
 4. The same RL against a deliberately weak reward model (verifier pairs of 16 problems, 3 steps),
    evaluated every 2 steps: the step of the health layer's first `learned_reward` finding (as
    `tether doctor` replays it from metrics.jsonl) vs the first evaluation 5 points below the start.
+Also: `--arms verifier` (the same RL paid by the verifier: the ceiling) and `--arms probe` (the
+RM's ranking of the SFT policy's own samples: best-of-n and the KL-regularised optimum).
 
-Writes benchmarks/results/rm_demo.json (every figure, the CPU it ran on, wall and CPU seconds).
+Appends one entry per invocation to benchmarks/results/rm_demo.json (every figure, the CPU it ran
+on, wall and CPU seconds).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ CONFIG = HERE.parent / "configs" / "reverse.yaml"
 RL = {"train.steps": 40, "eval.every": 5, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 REUSE_RM = False  # --reuse-rm: keep <out>/seed-N/rm (its summary.json) and only rerun RL
 SOURCE: Path | None = None  # --source DIR: read sft/ and rm/ from DIR (another run's seed dir), never write there
-RM_KWARGS = ""  # --rm-kwargs: more reward_model kwargs, YAML flow style ("normalize: sigmoid, threshold: 0.4")
+RM_KWARGS = ""  # --rm-kwargs: more reward_model kwargs, YAML flow style ("normalize: winrate")
 TAG = ""  # --tag: suffix of the RL run directories and result keys (rl_rm<tag>)
 WEAK_RL = {"train.steps": 20, "eval.every": 2, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 

@@ -208,8 +208,8 @@ class KLExplosionDetector(Detector):
         self._from = h.last_step if self._from is None else self._from  # since the last reset (a repair's trial)
         xs = [v for r in h.rows[-k:] if r["step"] >= self._from and r["step"] not in h.discarded
               and (v := finite(r.get("approx_kl"))) is not None]
-        if base is not None and len(xs) == k and sum(xs) / k > max(self.p["sustained"] * base.median, self.p["floor"]):
-            mean = sum(xs) / k
+        mean = sum(xs) / k
+        if base is not None and len(xs) == k and mean > max(self.p["sustained"] * base.median, self.p["floor"]):
             return 1, f"approx_kl averaged {mean:.3g} over {k} steps, {mean / max(base.median, 1e-12):.1f}x its baseline", {
                 "approx_kl": _ev(mean, base, window=k), "rule": "sustained"}
         return OK

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -124,27 +125,18 @@ class Action:
     guard: Callable[[list[dict]], str | None] = lambda rows: None  # trial rows -> why the change is unsafe
 
 
-def _lower_lr(factor: float, scaled: bool = False):
+def _lower_lr(factor: float, scaled: bool = False, key: str = "update_ratio"):
     """A fixed factor, or (`scaled`) one sized by the evidence: the per-update KL grows with the
-    square of the step size, so an update `update_ratio` x its healthy KL needs the LR scaled by
-    1/sqrt(update_ratio) (at most `factor`, at least 0.02x)."""
+    square of the step size, so an update `ev[key]` x its healthy KL needs the LR scaled by
+    1/sqrt(ev[key]) (at most `factor`, at least 0.02x). With `factor` 1 (no fixed cut) and no
+    evidence above 1 the action does not apply."""
     def apply(st, cfg, ev):
         f = factor
-        ratio = ev.get("update_ratio")
+        ratio = ev.get(key)
         if scaled and isinstance(ratio, (int, float)) and ratio > 1:
             f = min(factor, max(0.02, 1.0 / ratio ** 0.5))
-        return [_set_lr(st, f)]
+        return [_set_lr(st, f)] if f < 1 else []
     return apply
-
-
-def _lower_lr_residual(st, cfg, ev):
-    """The LR cut again by what a kept update-size repair left: the trial window's median
-    per-update KL over the pre-fault baseline (`residual_ratio`), 1/sqrt of it (no floor of 0.3x:
-    a residual just over the band costs a mild cut)."""
-    r = ev.get("residual_ratio")
-    if not isinstance(r, (int, float)) or r <= 1:
-        return []
-    return [_set_lr(st, max(0.02, 1.0 / r ** 0.5))]
 
 
 def _restore_clip(st, cfg, ev):
@@ -262,7 +254,9 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("restore_clip", "switch PPO clipping back on (default range)", _HARM + ("clip_saturation",), _restore_clip),
     Action("lower_epochs", "one epoch per batch", _HARM + ("clip_saturation",), _lower_epochs),
     Action("lower_lr_residual", "lower the learning rate again by the update size a kept repair left",
-           _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr_residual),
+           # the trial window's median KL over the pre-fault median (`residual`), 1/sqrt of it; no 0.3x
+           # floor: a residual just over the band costs a mild cut
+           _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(1.0, scaled=True, key="residual_ratio")),
     Action("lower_lr_x10", "lower the learning rate 10x", _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"),
            _lower_lr(0.1)),
     Action("drop_entropy_bonus", "switch the entropy bonus off", _HARM + ("entropy_explosion",), _drop_entropy_bonus),
@@ -346,12 +340,11 @@ def residual(history: Any, trial: dict[str, Any], band: float = RESIDUAL_BAND) -
     from tether.health.telemetry import finite
 
     base = trial.get("evidence", {}).get("kl_base")
-    kl = sorted(v for r in history.rows if r["step"] > trial["start"] + 1 and r["step"] not in history.discarded
-                and (v := finite(r.get("approx_kl"))) is not None)
+    kl = [v for r in history.rows if r["step"] > trial["start"] + 1 and r["step"] not in history.discarded
+          and (v := finite(r.get("approx_kl"))) is not None]
     if not isinstance(base, (int, float)) or base <= 0 or len(kl) < 3:
         return None
-    mid = len(kl) // 2
-    ratio = (kl[mid] if len(kl) % 2 else 0.5 * (kl[mid - 1] + kl[mid])) / base
+    ratio = statistics.median(kl) / base
     return ratio if ratio > band else None
 
 

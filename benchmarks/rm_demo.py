@@ -45,6 +45,8 @@ REUSE_RM = False  # --reuse-rm: keep <out>/seed-N/rm (its summary.json) and only
 SOURCE: Path | None = None  # --source DIR: read sft/ and rm/ from DIR (another run's seed dir), never write there
 RM_KWARGS = ""  # --rm-kwargs: more reward_model kwargs, YAML flow style ("normalize: winrate")
 TAG = ""  # --tag: suffix of the RL run directories and result keys (rl_rm<tag>)
+RM_STEPS, RM_SAVE_AT = 1500, ""  # --rm-steps, --rm-save-at: the RM's training steps and its snapshots (rm.save_at)
+RM_SNAPSHOT = ""  # --rm-snapshot step-N: RL against <rm>/step-N (a snapshot of a longer RM run) instead of <rm>
 WEAK_RL = {"train.steps": 20, "eval.every": 2, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 
 
@@ -185,11 +187,13 @@ def run_arm(name: str, rm_over: list[str], rl_extra: dict, base: list[str], sft_
     from tether.recipes.rm import run_rm
 
     t, c = time.perf_counter(), cpu_seconds()
-    rm_dir = (SOURCE or out) / name
+    rm_dir = (SOURCE or out) / name / (RM_SNAPSHOT if name == "rm" else "")
     reused = (REUSE_RM or SOURCE is not None) and (rm_dir / "summary.json").exists()
+    if RM_SNAPSHOT and name == "rm" and not reused:
+        raise SystemExit(f"--rm-snapshot {RM_SNAPSHOT}: no {rm_dir}/summary.json (with --source or --reuse-rm)")
     rm = json.loads((rm_dir / "summary.json").read_text()) if reused else run_rm(
         load_config(CONFIG, base + [f"model.path={sft_model}"] + rm_over), rm_dir, overwrite=True)
-    res = {"rm": {"pair_accuracy": rm["final_pair_accuracy"], "baseline_pair_accuracy": rm["baseline_pair_accuracy"],
+    res = {"rm": {"dir": str(rm_dir), "steps": rm["steps"], "pair_accuracy": rm["final_pair_accuracy"], "baseline_pair_accuracy": rm["baseline_pair_accuracy"],
                   "train_pairs": rm["train_pairs"], "eval_pairs": rm["eval_pairs"], "overrides": rm_over, "reused": reused,
                   "seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c}}
     t, c = time.perf_counter(), cpu_seconds()
@@ -243,8 +247,8 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
         p, e = write_jsonl(out / "pairs" / "train.jsonl", pairs), write_jsonl(out / "pairs" / "eval.jsonl", held)
         res["pairs"] = {"train": len(pairs), "eval": len(held), "seconds": time.perf_counter() - t,
                         "cpu_seconds": cpu_seconds() - c}
-        rm_over = [f"rm.pairs={p}", f"rm.eval_pairs={e}", f"rm.steps={60 if quick else 1500}", "rm.batch_size=32",
-                   "rm.lr=1e-4", "rm.eval_every=250"]
+        rm_over = [f"rm.pairs={p}", f"rm.eval_pairs={e}", f"rm.steps={60 if quick else RM_STEPS}", "rm.batch_size=32",
+                   "rm.lr=1e-4", "rm.eval_every=250"] + ([f"rm.save_at=[{RM_SAVE_AT}]"] if RM_SAVE_AT else [])
         res["rm"] = run_arm("rm", rm_over, {**RL, "train.steps": 6} if quick else RL, base, sft_model, out)
     if "weak_rm" in arms:
         weak = ["rm.steps=3", "rm.problems=16", "rm.lr=5e-4"]
@@ -272,10 +276,15 @@ def main() -> None:
                     "are reused read-only; RL runs are written under --out")
     ap.add_argument("--rm-kwargs", default="", help="more reward_model kwargs, YAML flow style: 'normalize: sigmoid'")
     ap.add_argument("--tag", default="", help="suffix of the RL run directories (rl_rm<tag>) and of the result keys")
+    ap.add_argument("--rm-steps", type=int, default=1500, help="the RM's training steps (rm.steps)")
+    ap.add_argument("--rm-save-at", default="", help="also save the RM at these steps, comma-separated (rm.save_at): "
+                    "the RM of a shorter run from the same run")
+    ap.add_argument("--rm-snapshot", default="", help="step-N: RL against the RM's step-N snapshot (--rm-save-at)")
     ap.add_argument("--rl", action="append", default=[], help="an RL override of the rm arm, key=value (repeatable)")
     a = ap.parse_args()
-    global REUSE_RM, SOURCE, RM_KWARGS, TAG
+    global REUSE_RM, SOURCE, RM_KWARGS, TAG, RM_STEPS, RM_SAVE_AT, RM_SNAPSHOT
     REUSE_RM, SOURCE, RM_KWARGS, TAG = a.reuse_rm, Path(a.source) if a.source else None, a.rm_kwargs, a.tag
+    RM_STEPS, RM_SAVE_AT, RM_SNAPSHOT = a.rm_steps, a.rm_save_at, a.rm_snapshot
     RL.update(dict(x.split("=", 1) for x in a.rl))
     from tether.hardware import cpu_info
 
@@ -283,7 +292,9 @@ def main() -> None:
     seeds, arms = [int(s) for s in a.seeds.split(",")], a.arms.split(",")
     runs = [run_seed(s, Path(a.out) / f"seed-{s}", arms, a.quick) for s in seeds]
     flags = (" --quick" if a.quick else "") + (" --reuse-rm" if a.reuse_rm else "") + "".join(f" --rl {x}" for x in a.rl)
-    flags += "".join(f" {k} {v!r}" for k, v in (("--source", a.source), ("--rm-kwargs", a.rm_kwargs), ("--tag", a.tag)) if v)
+    flags += "".join(f" {k} {v!r}" for k, v in (("--source", a.source), ("--rm-kwargs", a.rm_kwargs), ("--tag", a.tag),
+                                                ("--rm-save-at", a.rm_save_at), ("--rm-snapshot", a.rm_snapshot)) if v)
+    flags += f" --rm-steps {a.rm_steps}" if a.rm_steps != 1500 else ""
     payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds} --arms {a.arms}{flags}", "rl": RL,
                "quick": a.quick, "cpu": cpu_info(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
                "wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "runs": runs}

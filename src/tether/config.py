@@ -250,6 +250,10 @@ class RMConfig(_Base):
     batch_size: int = Field(16, gt=0)
     max_length: int = Field(256, gt=0)
     eval_every: int = Field(50, ge=0)
+    save_at: list[PositiveInt] = Field(
+        default_factory=list, description="also save the model and its held-out pair accuracy at these steps "
+        "(step-N/final_model, step-N/summary.json): the learning rate is constant, so each is the model of an "
+        "N-step run, from one longer run")
 
 
 class RewardComponentConfig(_Base):

@@ -14,6 +14,7 @@ a problem (at most 4 pairs per problem), which is enough for tasks with a checka
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -85,16 +86,29 @@ def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> d
             opt.step()
             m = {"rm/loss": float(loss.detach()), "rm/grad_norm": grad_norm,
                  "rm/train_batch_accuracy": float((scores[: len(batch)] > scores[len(batch):]).float().mean())}
-            if step == r.steps or (r.eval_every and step % r.eval_every == 0):
+            if step == r.steps or step in r.save_at or (r.eval_every and step % r.eval_every == 0):
                 acc = compute_pair_accuracy(model.eval(), tok, held_out, r.max_length)
                 m["rm/eval_pair_accuracy"] = acc
             rd.append_metrics(step, m)
             bar(step, loss=m["rm/loss"], acc=acc)
+            if step in r.save_at and step < r.steps:  # the model an N-step run ends with (constant lr, same batches)
+                snap = rd.root / f"step-{step}"
+                _do_save(model, tok, snap / "final_model")
+                (snap / "summary.json").write_text(json.dumps(
+                    {**_summary(step, train_pairs, held_out, start_acc, acc, snap / "final_model"),
+                     "wall_seconds": time.perf_counter() - t0, "snapshot_of": str(rd.root)}, indent=1))
     out = rd.root / "final_model"
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
-    summary = {"kind": "rm", "steps": r.steps, "train_pairs": len(train_pairs), "eval_pairs": len(held_out),
-               "baseline_pair_accuracy": start_acc, "final_pair_accuracy": acc, "model": str(out),
-               "wall_seconds": time.perf_counter() - t0}
+    _do_save(model, tok, out)
+    summary = {**_summary(r.steps, train_pairs, held_out, start_acc, acc, out), "wall_seconds": time.perf_counter() - t0}
     rd.write_summary(summary)
     return summary
+
+
+def _do_save(model, tok, out: Path) -> None:
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+
+
+def _summary(steps: int, train_pairs: list, held_out: list, start_acc: float, acc: float, out: Path) -> dict[str, Any]:
+    return {"kind": "rm", "steps": steps, "train_pairs": len(train_pairs), "eval_pairs": len(held_out),
+            "baseline_pair_accuracy": start_acc, "final_pair_accuracy": acc, "model": str(out)}

@@ -254,3 +254,35 @@ def test_judge_rewarded_and_self_critique_runs_complete(tmp_path, judge_model):
     for r in step_rows:
         assert 0 <= r["reward/judge/fail_count"] <= 4
         assert r["reward/judge/fail_count"] == 4 or 0.0 <= r["reward/judge/mean"] <= 1.0
+
+
+def test_rm_save_at_is_the_model_of_the_shorter_run(tmp_path):
+    """rm.save_at=[3] in a 5-step run saves step-3/final_model: the same weights, and the same
+    held-out pair accuracy, as a 3-step run (constant learning rate, same batches)."""
+    import random
+
+    from safetensors.torch import load_file
+
+    from tether.config import TinyModelConfig, load_config
+    from tether.policy.tiny import build_tiny_model, build_tokenizer
+    from tether.recipes.rm import run_rm
+
+    rng = random.Random(1)
+    rows = [{"prompt": f"reverse {w}:", "chosen": w[::-1], "rejected": w} for w in
+            ("".join(rng.choice("abcdefgh") for _ in range(4)) for _ in range(40))]
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    tok = build_tokenizer([r["prompt"] + r["chosen"] for r in rows], 256)
+    build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok,
+                     tmp_path / "base", seed=0)
+    base = [f"model.path={tmp_path / 'base'}", f"rm.pairs={tmp_path / 'pairs.jsonl'}", "rm.batch_size=8",
+            "rm.eval_every=0", "logging.progress=false", "run.threads=1"]
+    long = run_rm(load_config(None, base + ["rm.steps=5", "rm.save_at=[3]"]), tmp_path / "long")
+    short = run_rm(load_config(None, base + ["rm.steps=3"]), tmp_path / "short")
+    snap = json.loads((tmp_path / "long" / "step-3" / "summary.json").read_text())
+    assert snap["steps"] == 3 and snap["final_pair_accuracy"] == short["final_pair_accuracy"]
+    assert long["steps"] == 5 and not (tmp_path / "short" / "step-3").exists()
+    a = load_file(tmp_path / "long" / "step-3" / "final_model" / "model.safetensors")
+    b = load_file(tmp_path / "short" / "final_model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    c = load_file(tmp_path / "long" / "final_model" / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the 5-step model went on training

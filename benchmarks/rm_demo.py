@@ -3,6 +3,9 @@
     python benchmarks/rm_demo.py [--seeds 0] [--out runs/rm-demo] [--arms rm,weak_rm] [--quick]
     python benchmarks/rm_demo.py --arms rm --source runs/rm-demo/seed-0 --tag _winrate \
         --rm-kwargs 'normalize: winrate' --rl algo.advantage.name=dr_grpo --rl algo.kl.coef=0.2   # RL only
+    python benchmarks/rm_demo.py --arms rm --rm-steps 3000 --rm-save-at 1500 ...   # also keep the RM at step 1500
+    python benchmarks/rm_demo.py --seeds 0,1,2 --arms rm --source runs/rm-demo/seed-0 --rm-snapshot step-1500 ...
+        # RL seeds 0-2 against that snapshot (the model a 1500-step RM run ends with)
 
 1. SFT on the reverse task's weak-teacher demonstrations (configs/reverse.yaml); reused when
    `<out>/seed-N/sft/final_model` exists.

@@ -298,7 +298,6 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     pad = torch.full((B,), policy.pad_id, dtype=torch.long, device=dev)
     full_mask = torch.ones((B, W + max_new), dtype=mask.dtype, device=dev)  # sliced per step: no cat
     full_mask[:, :W] = mask
-    cache_kw = _cache_kwarg(model)
     from tether.policy import decode, inflight
 
     lean_ok, switches = policy.lean_decode and decode.supports(model), [(0, policy.version)]
@@ -306,48 +305,46 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     filtered = bool(sampling.top_k) or sampling.top_p < 1.0 or sampling.min_p > 0.0
     record = filtered and sampling.keep_mask and not greedy  # the sampling mask, for the trainer
     kept = torch.zeros((B, max_new), dtype=torch.int32, device=dev) if record else None
-    # one autocast region for the whole loop: bf16 weight casts are made once, not per token
-    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-        res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
-        cache, logits = res[cache_kw], res.logits[:, -1]
-        lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
-        key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
-        is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
-        is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
-        next_pos = pos[:, -1:] + 1
-        for t in range(max_new):
-            logits = logits.float()
-            if greedy:
-                logp_V = torch.log_softmax(logits, -1)
-                tok = logits.argmax(-1)
-            else:
-                if sampling.temperature != 1.0:
-                    logits = logits / sampling.temperature
-                if filtered:
-                    logits = _filter_logits(logits, sampling.top_k, sampling.top_p, sampling.min_p)
-                    if kept is not None:
-                        kept[:, t] = torch.isfinite(logits).sum(-1)
-                logp_V = torch.log_softmax(logits, -1)
-                tok = _sample_inverse_cdf(logp_V, generator)
-            tok = torch.where(finished, pad, tok)
-            tokens[:, t] = tok
-            logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
-            newly = is_stop[tok] & ~finished
-            lengths.masked_fill_(newly, t + 1)
-            finished |= newly
-            if t == max_new - 1 or bool(finished.all()):
-                break
-            if policy.weight_feed is not None and (update := policy.weight_feed.take()) is not None:
-                logits, cache, lean = inflight.switch_weights(policy, update, torch.cat([ids, tokens[:, :t + 1]], 1),
-                                                              full_mask[:, :W + t + 1], W + max_new, lean_ok)
-                switches.append((t + 1, policy.version))  # in-flight update (tether.policy.inflight)
-            elif lean is not None:
-                logits = lean.step(tok, next_pos[:, 0], key_bias)
-            else:
-                res = model(input_ids=tok[:, None], attention_mask=full_mask[:, :W + t + 1], position_ids=next_pos,
-                            use_cache=True, **{cache_kw: cache})
-                logits = res.logits[:, -1]
-            next_pos = next_pos + 1
+    # the backbone under the policy's autocast, the LM head in fp32 (as the trainer scores); the lean
+    # decoder sets its own precision per op
+    logits, cache = next_token_logits(model, ids, mask, pos, cache, policy.autocast_bf16)
+    lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
+    key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
+    is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
+    is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
+    next_pos = pos[:, -1:] + 1
+    for t in range(max_new):
+        logits = logits.float()
+        if greedy:
+            logp_V = torch.log_softmax(logits, -1)
+            tok = logits.argmax(-1)
+        else:
+            if sampling.temperature != 1.0:
+                logits = logits / sampling.temperature
+            if filtered:
+                logits = _filter_logits(logits, sampling.top_k, sampling.top_p, sampling.min_p)
+                if kept is not None:
+                    kept[:, t] = torch.isfinite(logits).sum(-1)
+            logp_V = torch.log_softmax(logits, -1)
+            tok = _sample_inverse_cdf(logp_V, generator)
+        tok = torch.where(finished, pad, tok)
+        tokens[:, t] = tok
+        logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
+        newly = is_stop[tok] & ~finished
+        lengths.masked_fill_(newly, t + 1)
+        finished |= newly
+        if t == max_new - 1 or bool(finished.all()):
+            break
+        if policy.weight_feed is not None and (update := policy.weight_feed.take()) is not None:
+            logits, cache, lean = inflight.switch_weights(policy, update, torch.cat([ids, tokens[:, :t + 1]], 1),
+                                                          full_mask[:, :W + t + 1], W + max_new, lean_ok)
+            switches.append((t + 1, policy.version))  # in-flight update (tether.policy.inflight)
+        elif lean is not None:
+            logits = lean.step(tok, next_pos[:, 0], key_bias)
+        else:
+            logits, cache = next_token_logits(model, tok[:, None], full_mask[:, :W + t + 1], next_pos, cache,
+                                              policy.autocast_bf16)
+        next_pos = next_pos + 1
     return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
                        kept.cpu() if kept is not None else None, switches)
 
@@ -383,13 +380,32 @@ def _backbone_and_head(model: torch.nn.Module):
     return backbone, head
 
 
+def fp32_head_logits(h_BH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
+                     softcap: float | None) -> torch.Tensor:
+    """The LM head in fp32 whatever autocast says (ScaleRL: FP32 logits matter). The trainer's
+    scorer and the sampler both use this, so the log-probs the sampler records and the ones the
+    trainer recomputes differ only by the backbone's own rounding."""
+    with torch.autocast(h_BH.device.type, enabled=False):
+        logits = F.linear(h_BH.float(), weight_VH.float(), None if bias_V is None else bias_V.float())
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
+def next_token_logits(model, ids_BT: torch.Tensor, mask_BT: torch.Tensor, pos_BT: torch.Tensor, cache,
+                      autocast_bf16: bool):
+    """(fp32 logits of the last position [B, V], the updated cache): the backbone under the policy's
+    autocast, the LM head in fp32 (fp32_head_logits), as the trainer scores."""
+    backbone, head = _backbone_and_head(model)
+    kw = _cache_kwarg(backbone)
+    with torch.autocast(ids_BT.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+        out = backbone(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT, use_cache=True, **{kw: cache})
+    cache = out[kw]
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    return fp32_head_logits(out.last_hidden_state[:, -1], head.weight, getattr(head, "bias", None), softcap), cache
+
+
 def _chunk_logp_entropy(h_BCH, weight_VH, bias_V, targets_BC, inv_temp: float, softcap: float | None, with_entropy: bool,
                         kept_BC=None):
-    # fp32 logits: the LM head runs outside autocast (ScaleRL: FP32 logits matter)
-    logits = F.linear(h_BCH.float(), weight_VH.float(), None if bias_V is None else bias_V.float())
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    logits = logits * inv_temp
+    logits = fp32_head_logits(h_BCH, weight_VH, bias_V, softcap) * inv_temp
     if kept_BC is not None:  # score under the truncated distribution the sampler drew from
         logits = apply_sampling_mask(logits, kept_BC, targets_BC)
     lse = torch.logsumexp(logits, dim=-1)

@@ -48,7 +48,7 @@ def switch_weights(policy: Any, update: tuple[int, Mapping[str, torch.Tensor]], 
     """Load `update` into the policy and prefill `seq_ids` [B, L] (prompts + tokens so far) again;
     returns (logits of the next position, the new cache, the lean decoder or None)."""
     from tether.policy import decode
-    from tether.policy.hf import _cache_kwarg, _make_decode_cache
+    from tether.policy.hf import _make_decode_cache, next_token_logits
 
     version, state = update
     model = policy.model
@@ -59,11 +59,8 @@ def switch_weights(policy: Any, update: tuple[int, Mapping[str, torch.Tensor]], 
     policy.version = version
     cache = _make_decode_cache(model, seq_ids.shape[1] if lean_ok else capacity)
     pos = (seq_mask.long().cumsum(-1) - 1).clamp(min=0)
-    kw = _cache_kwarg(model)
-    res = model(input_ids=seq_ids, attention_mask=seq_mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{kw: cache})
-    cache = res[kw]
-    return res.logits[:, -1], cache, decode.make_lean_decoder(policy, seq_ids.shape[0], capacity, cache)
+    logits, cache = next_token_logits(model, seq_ids, seq_mask, pos, cache, policy.autocast_bf16)
+    return logits, cache, decode.make_lean_decoder(policy, seq_ids.shape[0], capacity, cache)
 
 
 def expand_versions(switches: list[tuple[int, int]], n: int) -> tuple[int, ...]:

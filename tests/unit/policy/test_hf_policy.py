@@ -61,22 +61,23 @@ def test_finish_reasons_and_multiple_stop_ids(policy):
             assert not any(t in policy.stop_ids for t in s.token_ids)
 
 
-def test_pad_equal_to_eos_keeps_eos_in_response(policy):
+def test_pad_equal_to_eos_keeps_eos_in_response(policy, monkeypatch):
     # pad == eos: masks come from lengths, so the emitted eos stays in the response and a
     # response that is only eos (empty text) has length 1 (trl PR#6357).
+    import tether.policy.hf as hf
+
     eos = policy.stop_ids[0]
     pol = dataclasses.replace(policy, pad_id=eos)
+    head = hf.fp32_head_logits
 
-    def force_eos(module, args, output):  # make eos overwhelmingly likely: empty responses
-        output.logits[..., eos] += 100.0
-        return output
+    def force_eos(*args):  # make eos overwhelmingly likely: empty responses (the sampler's logits all come from here)
+        logits = head(*args)
+        logits[..., eos] += 100.0
+        return logits
 
-    handle = pol.model.register_forward_hook(force_eos)
-    try:
-        g = torch.Generator().manual_seed(0)
-        samples = run_generate(pol, _prompts(pol), SamplingConfig(max_new_tokens=5), g)
-    finally:
-        handle.remove()
+    monkeypatch.setattr(hf, "fp32_head_logits", force_eos)
+    g = torch.Generator().manual_seed(0)
+    samples = run_generate(pol, _prompts(pol), SamplingConfig(max_new_tokens=5), g)
     for s in samples:
         assert s.token_ids == (eos,) and s.finish == StopReason.EOS and len(s.logprobs) == 1
 

@@ -15,6 +15,12 @@ Native bf16:
 true/false always wins. The choice and its reason are logged at run start and recorded in
 every run's summary.json (`precision`) and every benchmark result. TETHER_NATIVE_BF16=1|0 overrides the
 detection (simulating the other kind of CPU; a VM that hides the flags).
+
+Simulating an AVX2-only CPU on a newer one: the kernel libraries' own ISA caps,
+ATEN_CPU_CAPABILITY=avx2 (PyTorch's vectorised ops), ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN: bf16 and
+fp32 matmuls and convolutions) and MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL's sgemm). `cpu_info` honours
+them: when one caps the ISA below AVX-512 the AVX-512 and AMX flags are dropped from the effective
+flags (so bf16 is not native, and `auto` picks fp32) and the caps are recorded as `isa_mask`.
 """
 
 from __future__ import annotations
@@ -31,6 +37,20 @@ _X86_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "
 _ARM_FLAGS = ("asimd", "sve", "sve2", "bf16", "i8mm")
 _BF16_FLAGS = {"x86_64": ("avx512_bf16", "amx_bf16"), "aarch64": ("bf16",)}
 FORCE_ENV = "TETHER_NATIVE_BF16"
+# the kernel libraries' ISA caps, and the values that keep them below AVX-512
+ISA_MASK_ENVS = {"ATEN_CPU_CAPABILITY": ("default", "avx2"),
+                 "ONEDNN_MAX_CPU_ISA": ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"),
+                 "MKL_ENABLE_INSTRUCTIONS": ("SSE4_2", "AVX", "AVX2")}
+
+
+def isa_mask() -> dict[str, str]:
+    """The ISA caps set in the environment that keep the kernels below AVX-512 (see the module doc)."""
+    out = {}
+    for env, below in ISA_MASK_ENVS.items():
+        value = os.environ.get(env, "").strip()
+        if value and value.upper() in {b.upper() for b in below}:
+            out[env] = value
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,7 +72,12 @@ def cpu_info() -> dict[str, Any]:
         elif key in ("flags", "features") and not flags:
             flags = set(value.split())
     wanted = _ARM_FLAGS if arch == "aarch64" else _X86_FLAGS
-    return {"model": model, "arch": arch, "cores": os.cpu_count(), "flags": sorted(f for f in wanted if f in flags)}
+    info = {"model": model, "arch": arch, "cores": os.cpu_count(), "flags": sorted(f for f in wanted if f in flags)}
+    mask = isa_mask() if arch == "x86_64" else {}
+    if mask:  # the kernels cannot use what is masked: the effective CPU is an AVX2 one
+        info["flags"] = [f for f in info["flags"] if not f.startswith(("avx512", "amx"))]
+        info["isa_mask"] = mask
+    return info
 
 
 def cpu_native_bf16(info: dict[str, Any] | None = None) -> bool:
@@ -102,6 +127,8 @@ def choose_precision(setting: bool | str, device: str = "cpu") -> PrecisionChoic
         evidence = (f"{FORCE_ENV}={forced}" if forced in ("0", "1") else
                     ", ".join(f for f in _BF16_FLAGS.get(info["arch"], ()) if f in info["flags"]) if native else
                     f"no {' / '.join(_BF16_FLAGS.get(info['arch'], ('bf16',)))}")
+        if not native and info.get("isa_mask") and forced not in ("0", "1"):
+            evidence += f"; ISA capped by {', '.join(f'{k}={v}' for k, v in info['isa_mask'].items())}"
         why = (f"CPU {info['model']} has native bf16 ({evidence})" if native else
                f"CPU {info['model']} has no native bf16 ({evidence}): bf16 would be emulated, slower than fp32")
     else:
@@ -122,7 +149,7 @@ def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> d
     info = cpu_info()
     return {"setting": setting, "autocast_bf16": bool(autocast_bf16), "precision": "bf16" if autocast_bf16 else "fp32",
             "reason": reason, "device": device, "cpu": info["model"], "cpu_class": cpu_class(info),
-            "cpu_flags": info["flags"], "cores": info["cores"]}
+            "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}
 
 
 def choose_threads(setting: int | str | None, cores: int | None = None, load: float | None = None) -> tuple[int | None, str]:

@@ -113,3 +113,30 @@ def test_auto_threads_take_the_cores_the_load_leaves_free():
     for bad in (0, "lots"):
         with pytest.raises(ConfigError, match="run.threads"):
             build_config({"run": {"threads": bad}})
+
+
+@pytest.mark.parametrize("env,value,masked", [("ONEDNN_MAX_CPU_ISA", "AVX2", True), ("ATEN_CPU_CAPABILITY", "avx2", True),
+                                              ("MKL_ENABLE_INSTRUCTIONS", "AVX2", True),
+                                              ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", False)])
+def test_isa_caps_make_the_effective_cpu_avx2(monkeypatch, tmp_path, env, value, masked):
+    # an AVX2-only CPU simulated on a native-bf16 one: the kernel libraries' own caps drop AVX-512/AMX
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 amx_tile\n")
+    real_read = hardware.Path.read_text
+    monkeypatch.setattr(hardware.Path, "read_text", lambda self, *a, **k: real_read(cpuinfo) if str(self) == "/proc/cpuinfo"
+                        else real_read(self, *a, **k))
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    for e in hardware.ISA_MASK_ENVS:
+        monkeypatch.delenv(e, raising=False)
+    monkeypatch.delenv("TETHER_NATIVE_BF16", raising=False)
+    monkeypatch.setenv(env, value)
+    hardware.cpu_info.cache_clear()
+    try:
+        info = hardware.cpu_info()
+        assert hardware.cpu_native_bf16(info) is not masked
+        assert hardware.cpu_class(info) == ("avx2" if masked else "native-bf16")
+        assert (info.get("isa_mask") == {env: value}) is masked
+        if masked:
+            assert "ISA capped by" in hardware.choose_precision("auto", "cpu").reason
+    finally:
+        hardware.cpu_info.cache_clear()

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         table[cls] = {"ratio": round(ratio, 4), "tether_s_per_step": round(small["tether"]["s_per_step"], 3),
                       "trl_s_per_step": round(small["trl_fp32"]["s_per_step"], 3),
                       "tether_precision": small["arm_precision"]["tether"], "trl_precision": "fp32",
-                      "cpu": m["cpu"], "cpu_flags": m["cpu_flags"], "date": m["date"], "runs": a.runs,
+                      "cpu": m["cpu"], "cpu_flags": m["cpu_flags"], "date": m["date"], "runs": res.get("settings", {}).get("runs", a.runs),
                       "load_avg": [m["load_avg_start"][0], m["load_avg_end"][0]], "command": " ".join(["python"] + sys.argv)}
         path.write_text(json.dumps(table, indent=2) + "\n")
         print(f"[bench-quick] baseline for {cls} set to {ratio:.3f} in {path}")

@@ -16,7 +16,7 @@ greedy run. The figure compared with the issue's "15 minutes on 2 cores" is the 
 time, evaluations included; the total with SFT is reported too.
 
 40 RL steps instead of the config's 80: the harness costs about a process start per episode
-(128 per step), and the in-process learning curves of this config (benchmarks/results/vs_trl.json,
+(128 per step), and the in-process learning curves of this config (benchmarks/results/vs_trl*.json,
 "learning": 3 seeds, training reward per step) climb from about 0.61 to about 0.83 by step 40 and
 0.87 by step 80, so half the steps keep most of the lift at half the cost.
 """

@@ -133,10 +133,14 @@ class RunDir:
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         """Write summary.json atomically (tmp file + fsync + os.replace): never half-written."""
-        row, _ = sanitize_json(dict(summary))
-        text = json.dumps(row, indent=2, allow_nan=False, default=_json_default) + "\n"
-        write_text_atomic(self.summary_path, text)
+        write_summary_json(self.summary_path, summary)
         return self.summary_path
+
+
+def write_summary_json(path: Path, summary: Mapping[str, Any]) -> None:
+    """A summary as JSON at `path`, sanitised (non-finite values named) and written atomically."""
+    row, _ = sanitize_json(dict(summary))
+    write_text_atomic(path, json.dumps(row, indent=2, allow_nan=False, default=_json_default) + "\n")
 
 
 def make_run_dir(path: str | os.PathLike[str]) -> RunDir:

@@ -14,7 +14,6 @@ a problem (at most 4 pairs per problem), which is enough for tasks with a checka
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from tether.config import ConfigError, TetherConfig
 from tether.io.resume import do_open_run
+from tether.io.run_dir import write_summary_json
 from tether.recipes.common import progress_bar, seed_run, setup_problems
 from tether.rewards.rm import (
     compute_bradley_terry_loss, compute_pair_accuracy, compute_scores, encode_pair_texts, load_reward_model,
@@ -94,9 +94,8 @@ def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> d
             if step in r.save_at and step < r.steps:  # the model an N-step run ends with (constant lr, same batches)
                 snap = rd.root / f"step-{step}"
                 _do_save(model, tok, snap / "final_model")
-                (snap / "summary.json").write_text(json.dumps(
-                    {**_summary(step, train_pairs, held_out, start_acc, acc, snap / "final_model"),
-                     "wall_seconds": time.perf_counter() - t0, "snapshot_of": str(rd.root)}, indent=1))
+                write_summary_json(snap / "summary.json", {**_summary(step, train_pairs, held_out, start_acc, acc, snap / "final_model"),
+                                                           "wall_seconds": time.perf_counter() - t0, "snapshot_of": str(rd.root)})
     out = rd.root / "final_model"
     _do_save(model, tok, out)
     summary = {**_summary(r.steps, train_pairs, held_out, start_acc, acc, out), "wall_seconds": time.perf_counter() - t0}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,11 +153,32 @@ def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> d
             "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}
 
 
-def choose_threads(setting: int | str | None, cores: int | None = None, load: float | None = None) -> tuple[int | None, str]:
+def runnable_others(samples: int = 5, interval: float = 0.05) -> float | None:
+    """Processes other than this one that are runnable right now (the mean of `samples` reads of
+    /proc/loadavg's running count, which includes the reader); None where there is no /proc."""
+    counts = []
+    for i in range(samples):
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(max(0, running - 1))
+        if i + 1 < samples:
+            time.sleep(interval)
+    return sum(counts) / len(counts)
+
+
+def choose_threads(setting: int | str | None, cores: int | None = None, load: float | None = None,
+                   running: float | None = None) -> tuple[int | None, str]:
     """torch intra-op threads for `run.threads`: a number is kept; None leaves torch's default;
-    "auto" takes the cores the 1-minute load average leaves free (at least 1), because on an
-    oversubscribed CPU two torch threads spin-wait on each other and a step can take many times
-    longer than with one (measured on the 2-core EPYC under load: docs/performance.md)."""
+    "auto" takes the cores that other work leaves free (at least 1), because on an oversubscribed
+    CPU two torch threads spin-wait on each other and a step can take many times longer than with
+    one (measured on the 2-core EPYC under load: docs/performance.md).
+
+    Other work is the smaller of the 1-minute load average and the processes runnable right now
+    (`runnable_others`): the load average alone still counts a job that has just ended (after
+    `make install` it reads ~0.6 for a minute, which took `make demo` from 2 threads to 1), and
+    the instantaneous count alone would miss a job that is momentarily waiting on I/O."""
     if setting != "auto":
         return (int(setting) if setting else None), "configured" if setting else "torch default"
     cores = cores or os.cpu_count() or 1
@@ -165,6 +187,10 @@ def choose_threads(setting: int | str | None, cores: int | None = None, load: fl
             load = os.getloadavg()[0]
         except OSError:  # not available on this platform
             return cores, f"auto: {cores} cores (no load average here)"
-    free = max(1, min(cores, int(cores - load + 0.5)))
-    return free, f"auto: {cores} cores, 1-minute load average {load:.1f} -> {free}"
+    if running is None:
+        running = runnable_others()
+    busy = load if running is None else min(load, running)
+    free = max(1, min(cores, int(cores - busy + 0.5)))
+    now = "" if running is None else f", {running:.1f} other processes runnable now"
+    return free, f"auto: {cores} cores, 1-minute load average {load:.1f}{now} -> {free}"
 

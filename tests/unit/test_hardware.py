@@ -104,15 +104,34 @@ def test_auto_threads_take_the_cores_the_load_leaves_free():
     from tether.config import ConfigError, build_config
     from tether.hardware import choose_threads
 
-    assert choose_threads("auto", cores=2, load=0.1)[0] == 2  # idle: both cores
-    assert choose_threads("auto", cores=2, load=1.6)[0] == 1  # one core busy
-    assert choose_threads("auto", cores=2, load=9.0)[0] == 1  # oversubscribed: never below 1
-    assert choose_threads("auto", cores=16, load=3.2)[0] == 13
+    assert choose_threads("auto", cores=2, load=0.1, running=0)[0] == 2  # idle: both cores
+    assert choose_threads("auto", cores=2, load=1.6, running=1)[0] == 1  # one core busy
+    assert choose_threads("auto", cores=2, load=9.0, running=8.4)[0] == 1  # oversubscribed: never below 1
+    assert choose_threads("auto", cores=16, load=3.2, running=3)[0] == 13
+    # a job that has just ended (make install) still weighs on the 1-minute average; nothing runs now
+    n, why = choose_threads("auto", cores=2, load=0.7, running=0.0)
+    assert n == 2 and "0.0 other processes runnable now" in why
+    # a job waiting on I/O at the instant of sampling still counts through the load average
+    assert choose_threads("auto", cores=2, load=0.1, running=1.0)[0] == 2
+    assert choose_threads("auto", cores=2, load=1.2, running=0.8)[0] == 1
+    # no /proc: the load average alone, as before
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hardware, "runnable_others", lambda: None)
+        assert choose_threads("auto", cores=2, load=0.7)[0] == 1
     assert choose_threads(3) == (3, "configured") and choose_threads(None)[0] is None
     assert build_config({"run": {"threads": "auto"}}).run.threads == "auto"
     for bad in (0, "lots"):
         with pytest.raises(ConfigError, match="run.threads"):
             build_config({"run": {"threads": bad}})
+
+
+def test_runnable_others_reads_proc_loadavg(monkeypatch):
+    reads = iter(["0.70 0.40 0.20 3/120 999\n", "0.70 0.40 0.20 1/120 999\n", "0.70 0.40 0.20 2/120 999\n"])
+    real_read = hardware.Path.read_text
+    monkeypatch.setattr(hardware.Path, "read_text", lambda self, *a, **k: next(reads) if str(self) == "/proc/loadavg"
+                        else real_read(self, *a, **k))
+    monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
+    assert hardware.runnable_others(samples=3) == pytest.approx((2 + 0 + 1) / 3)  # the reader itself is not counted
 
 
 @pytest.mark.parametrize("env,value,masked", [("ONEDNN_MAX_CPU_ISA", "AVX2", True), ("ATEN_CPU_CAPABILITY", "avx2", True),

@@ -66,7 +66,7 @@ def decode_arms(policy, prompts, sampling, reps: int) -> dict[str, float]:
     import torch
     from transformers import DynamicCache
 
-    from tether.policy import hf
+    from tether.policy import sampling as hf  # the sampler module: its cache factory is swapped per arm
 
     own_cache = hf._make_decode_cache
 

@@ -18,7 +18,7 @@ math with the model's own weights in about a third of the calls:
   re-casts every weight at every token) and a bf16 KV cache; the step runs with autocast off and
   sets each op's precision itself: the projections and the two attention matmuls in bf16 (what
   autocast and the trainer's attention, tether.policy.attention, do), the residual stream, norms,
-  rotary and softmax in fp32, and the LM head in fp32 as the trainer scores (hf.fp32_head_logits).
+  rotary and softmax in fp32, and the LM head in fp32 as the trainer scores (scoring.fp32_head_logits).
   Until 2026-12-02 the step ran inside autocast: the LM head ran in bf16 (the sampler's log-probs
   then differed from the trainer's fp32-head ones) and autocast re-cast the whole fp32 cache to
   bf16 at every token (a third of the decode time on the benchmark's small model).
@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from tether.policy.scoring import fp32_head_logits
 
 _FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -157,8 +159,6 @@ class LeanDecoder:
 
         Numerics follow the trainer under autocast: the residual stream, norms, rotary and softmax
         in fp32; the projections and the attention matmuls in `self.dtype`; the LM head in fp32."""
-        from tether.policy.hf import fp32_head_logits
-
         B, n, dt = tok_B.shape[0], self.length, self.dtype
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         if n + 1 > self.window:

@@ -2,7 +2,7 @@
 weights reach a generation between two decode steps instead of waiting for it to finish.
 
     feed = WeightFeed()
-    policy.weight_feed = feed             # tether.policy.hf.HFPolicy
+    policy.weight_feed = feed             # tether.policy.base.HFPolicy
     feed.offer(version, state_dict)       # any thread, any time (the newest offer wins)
     run_generate(policy, ...)             # the decode loop takes it before the next step
 
@@ -48,7 +48,7 @@ def switch_weights(policy: Any, update: tuple[int, Mapping[str, torch.Tensor]], 
     """Load `update` into the policy and prefill `seq_ids` [B, L] (prompts + tokens so far) again;
     returns (logits of the next position, the new cache, the lean decoder or None)."""
     from tether.policy import decode
-    from tether.policy.hf import _make_decode_cache, next_token_logits
+    from tether.policy.sampling import _make_decode_cache, next_token_logits
 
     version, state = update
     model = policy.model

@@ -25,7 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tether.policy.hf import HFPolicy, _backbone_and_head, _cache_kwarg, compute_head_logprobs, count_trained, is_checkpointing
+from tether.policy.base import HFPolicy, is_checkpointing
+from tether.policy.sampling import _cache_kwarg
+from tether.policy.scoring import _backbone_and_head, compute_head_logprobs, count_trained
 
 
 def compute_shared_prefix_lengths(ids_BT: torch.Tensor, lengths_B: list[int], group_B: list[int]) -> tuple[list[int], dict[int, int]]:
@@ -269,7 +271,7 @@ def compute_sequence_logprobs(
     """The update's scorer: prefix sharing ("on"; "auto": when it runs fewer token positions than
     the packed or padded alternative), else `compute_logprobs`. Same outputs either way.
     `kept_BT`: the sampler's truncation per token (`tether.policy.hf.apply_sampling_mask`)."""
-    from tether.policy.hf import compute_logprobs
+    from tether.policy.scoring import compute_logprobs
 
     sharded = getattr(policy.model, "tether_sharded_call", None)
     if sharded is not None:  # FSDP2 (tether.dist.fsdp): under the root unit's unshard, one backbone pass per call

@@ -49,7 +49,7 @@ NEUTRAL = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "rep
 
 def compute_sampling_kwargs(sampling: Any, stop_ids: Sequence[int], max_tokens: int, seed: int | None,
                             greedy: bool = False) -> dict[str, Any]:
-    """SamplingParams keyword arguments that reproduce tether's sampler (policy/hf.py) exactly."""
+    """SamplingParams keyword arguments that reproduce tether's sampler (policy/sampling.py) exactly."""
     return {
         **NEUTRAL,
         "temperature": 0.0 if greedy else float(sampling.temperature),
@@ -89,7 +89,7 @@ def compute_expected_sample_logprob(raw_logprobs_V: torch.Tensor, token: int, sa
     """log p(token) under tether's sampler given the model's raw log-probs at one position:
     log_softmax(filter(raw / T)) — raw log-probs differ from logits by a constant, so this equals
     the sampler's log_softmax(filter(logits / T))."""
-    from tether.policy.hf import _filter_logits  # the sampler's own truncation, so the semantics match
+    from tether.policy.sampling import _filter_logits  # the sampler's own truncation, so the semantics match
 
     z = _filter_logits(raw_logprobs_V.float()[None] / sampling.temperature, sampling.top_k, sampling.top_p,
                        getattr(sampling, "min_p", 0.0))

@@ -12,7 +12,8 @@ from tiny_policy_helpers import gqa_models, make_tiny_policy
 from tether.config import SamplingConfig
 from tether.policy import decode
 from tether.policy.attention import NAME, use_fast_cpu_attention
-from tether.policy.hf import _make_decode_cache, _preallocated_layer_class, compute_logprobs, make_policy, run_generate
+from tether.policy.hf import compute_logprobs, make_policy, run_generate
+from tether.policy.sampling import _make_decode_cache, _preallocated_layer_class
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_make_policy_switches_attention_only_for_cpu_bf16(tok):
 
 
 def test_inverse_cdf_sampler_draws_the_distribution_and_never_a_filtered_token():
-    from tether.policy.hf import _sample_inverse_cdf
+    from tether.policy.sampling import _sample_inverse_cdf
 
     probs = torch.tensor([0.5, 0.3, 0.0, 0.2, 0.0])
     logp = torch.log(probs).expand(40000, -1)
@@ -132,7 +133,7 @@ def test_inverse_cdf_sampler_draws_the_distribution_and_never_a_filtered_token()
 
 def test_bf16_sampler_logprobs_match_the_bf16_trainer(policy, tok):
     # Under bf16 autocast the sampler's LM head runs in fp32, as the trainer's scorer does
-    # (hf.fp32_head_logits), and the lean decoder's attention matmuls in bf16, as the trainer's.
+    # (scoring.fp32_head_logits), and the lean decoder's attention matmuls in bf16, as the trainer's.
     # Measured on this model: max |dlogp| 1.3e-3 (4.8e-3 when the sampler's head ran in bf16).
     pol = dataclasses.replace(policy, autocast_bf16=True)
     for lean in (True, False):

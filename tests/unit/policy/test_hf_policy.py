@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tether.config import SamplingConfig, TinyModelConfig
-from tether.policy.hf import _filter_logits, compute_logprobs, find_stop_ids, make_policy, run_generate
+from tether.policy.hf import compute_logprobs, find_stop_ids, make_policy, run_generate
+from tether.policy.sampling import _filter_logits
 from tether.policy.tiny import build_tiny_model, build_tokenizer
 from tether.types import StopReason
 
@@ -64,18 +65,19 @@ def test_finish_reasons_and_multiple_stop_ids(policy):
 def test_pad_equal_to_eos_keeps_eos_in_response(policy, monkeypatch):
     # pad == eos: masks come from lengths, so the emitted eos stays in the response and a
     # response that is only eos (empty text) has length 1 (trl PR#6357).
-    import tether.policy.hf as hf
+    from tether.policy import decode, sampling, scoring
 
     eos = policy.stop_ids[0]
     pol = dataclasses.replace(policy, pad_id=eos)
-    head = hf.fp32_head_logits
+    head = scoring.fp32_head_logits
 
     def force_eos(*args):  # make eos overwhelmingly likely: empty responses (the sampler's logits all come from here)
         logits = head(*args)
         logits[..., eos] += 100.0
         return logits
 
-    monkeypatch.setattr(hf, "fp32_head_logits", force_eos)
+    for module in (sampling, decode):  # the prefill's head and the lean decode step's
+        monkeypatch.setattr(module, "fp32_head_logits", force_eos)
     g = torch.Generator().manual_seed(0)
     samples = run_generate(pol, _prompts(pol), SamplingConfig(max_new_tokens=5), g)
     for s in samples:

@@ -7,7 +7,8 @@ import torch
 
 from tether.batching import build_sequences, pad_records
 from tether.config import SamplingConfig, load_config
-from tether.policy.hf import _filter_logits, apply_sampling_mask, make_policy, run_generate
+from tether.policy.hf import apply_sampling_mask, make_policy, run_generate
+from tether.policy.sampling import _filter_logits
 from tether.policy.tiny import build_tiny_model, build_tokenizer
 from tether.tasks import make_problems
 from tether.types import RewardResult, StopReason, TrainBatch, Trajectory, Turn

@@ -1,0 +1,257 @@
+"""The transformers backend's sampler: tether's own batched loop over a KV cache, returning the
+log-probs of the distribution it sampled from.
+
+Sampling is tether's own loop (not `model.generate`) so that:
+- the returned log-probs are exactly those of the distribution sampled from (logits / T, after
+  any top-k/top-p truncation) — tinker-feedback#148, tinker-cloud PR#26;
+- no generation-config default (HF's top_k=50) silently filters the sampler (Golubev et al.);
+- left padding gets correct position ids (OpenRLHF#217, trl#6800);
+- finish reasons come from the sampled ids and the set of stop ids (several eos ids allowed,
+  pad may equal eos — trl PR#7039, PR#6357).
+
+The decode step is tether.policy.decode's lean Llama step where the model allows it, else
+transformers' forward over a preallocated cache; the LM head is fp32 either way, as the trainer
+scores (tether.policy.scoring.fp32_head_logits).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from tether.config import SamplingConfig
+from tether.phase import marks_phase
+from tether.policy.base import HFPolicy
+from tether.policy.scoring import _backbone_and_head, fp32_head_logits
+from tether.types import Sample, StopReason
+
+
+def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """Top-k, then nucleus, then min-p truncation (arXiv 2407.01082); removed entries become -inf.
+    Every filter keeps the highest logits, so the kept set is described by its size alone."""
+    if top_k and top_k < logits_BV.shape[-1]:
+        kth = torch.topk(logits_BV, top_k, dim=-1).values[..., -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits_BV, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, idx, drop_sorted)
+        logits_BV = logits_BV.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:  # keep p >= min_p * p_max, i.e. logit >= max logit + log(min_p)
+        floor = logits_BV.max(-1, keepdim=True).values + math.log(min_p)
+        logits_BV = logits_BV.masked_fill(logits_BV < floor, float("-inf"))
+    return logits_BV
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@marks_phase("generate")
+@torch.inference_mode()
+def run_generate(
+    policy: HFPolicy,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    batch_size: int = 256,
+    greedy: bool = False,
+) -> list[Sample]:
+    """Sample one continuation per prompt (batched, KV cache). See module docstring.
+
+    Another backend (tether.policy.vllm.VLLMPolicy) is any object with this method: it generates.
+    """
+    if not isinstance(policy, HFPolicy) and hasattr(policy, "generate"):
+        return policy.generate(prompts, sampling, generator, batch_size=batch_size, greedy=greedy)
+    out: list[Sample] = []
+    for start in range(0, len(prompts), batch_size):
+        out.extend(_generate_batch(policy, prompts[start:start + batch_size], sampling, generator, greedy))
+    return out
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+_PREALLOCATED_LAYER = None
+
+def _preallocated_layer_class():
+    """A transformers `DynamicLayer` that writes keys/values into a preallocated buffer.
+
+    `DynamicLayer` concatenates the whole cache with every new token (O(T^2) copies; half of a
+    decode step on CPU). This layer copies only the new token and returns views of the buffer.
+    """
+    global _PREALLOCATED_LAYER
+    if _PREALLOCATED_LAYER is None:
+        from transformers.cache_utils import DynamicLayer
+
+        class PreallocatedLayer(DynamicLayer):
+            def __init__(self, capacity: int) -> None:
+                super().__init__()
+                self.capacity, self.length = capacity, 0
+
+            def lazy_initialization(self, key_states, value_states) -> None:
+                self.device = key_states.device
+                self._k = key_states.new_empty((*key_states.shape[:2], self.capacity, key_states.shape[-1]))
+                self._v = value_states.new_empty((*value_states.shape[:2], self.capacity, value_states.shape[-1]))
+                self.is_initialized = True
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                if not self.is_initialized:
+                    self.lazy_initialization(key_states, value_states)
+                n, s = self.length, key_states.shape[-2]
+                if n + s > self._k.shape[-2]:  # more than announced: grow (never silently wrong)
+                    extra = max(n + s, 2 * self._k.shape[-2]) - self._k.shape[-2]
+                    self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:2], extra, self._k.shape[-1]))], 2)
+                    self._v = torch.cat([self._v, self._v.new_empty((*self._v.shape[:2], extra, self._v.shape[-1]))], 2)
+                self._k[:, :, n:n + s] = key_states
+                self._v[:, :, n:n + s] = value_states
+                self.length = n + s
+                self.keys, self.values = self._k[:, :, :n + s], self._v[:, :, :n + s]
+                return self.keys, self.values
+
+            def get_seq_length(self) -> int:
+                return self.length
+
+        _PREALLOCATED_LAYER = PreallocatedLayer
+    return _PREALLOCATED_LAYER
+
+
+def _make_decode_cache(model, capacity: int):
+    """transformers' DynamicCache with preallocated full-attention layers; any other layer kind
+    (sliding window, linear attention, ...) keeps transformers' own class."""
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=model.config)
+    except (ImportError, TypeError, AttributeError):  # older transformers: the model makes its own cache
+        return None
+    if getattr(cache, "layers", None) and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cls = _preallocated_layer_class()
+        cache.layers = [cls(capacity) for _ in cache.layers]
+    return cache
+
+
+def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row from exp(logp_BV): the first token whose cumulative probability exceeds
+    u ~ U[0, total). One uniform per row instead of multinomial's one exponential per vocabulary
+    entry (the largest per-token sampling cost on CPU); float64 so that rounding never selects a
+    zero-probability (filtered) token."""
+    cdf = logp_BV.double().exp().cumsum(-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    return torch.where(tok < cdf.shape[-1], tok, logp_BV.argmax(-1))  # u rounded up to the total: the mode
+
+
+def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample]:
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: every prompt needs at least one token")
+    model, dev = policy.model, policy.device
+    ids, mask = _left_pad(prompts, policy.pad_id, dev)
+    B, W = ids.shape
+    max_new = min(sampling.max_new_tokens, policy.max_positions - W)
+    if max_new <= 0:
+        raise ValueError(f"prompt of {W} tokens leaves no room in the model's {policy.max_positions} positions")
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    tokens = torch.full((B, max_new), policy.pad_id, dtype=torch.long, device=dev)
+    logps = torch.zeros((B, max_new), dtype=torch.float32, device=dev)
+    lengths = torch.full((B,), max_new, dtype=torch.long, device=dev)
+    finished = torch.zeros(B, dtype=torch.bool, device=dev)
+    pad = torch.full((B,), policy.pad_id, dtype=torch.long, device=dev)
+    full_mask = torch.ones((B, W + max_new), dtype=mask.dtype, device=dev)  # sliced per step: no cat
+    full_mask[:, :W] = mask
+    from tether.policy import decode, inflight
+
+    lean_ok, switches = policy.lean_decode and decode.supports(model), [(0, policy.version)]
+    cache = _make_decode_cache(model, W if lean_ok else W + max_new)  # the lean decoder keeps its own
+    filtered = bool(sampling.top_k) or sampling.top_p < 1.0 or sampling.min_p > 0.0
+    record = filtered and sampling.keep_mask and not greedy  # the sampling mask, for the trainer
+    kept = torch.zeros((B, max_new), dtype=torch.int32, device=dev) if record else None
+    # the backbone under the policy's autocast, the LM head in fp32 (as the trainer scores); the lean
+    # decoder sets its own precision per op
+    logits, cache = next_token_logits(model, ids, mask, pos, cache, policy.autocast_bf16)
+    lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
+    key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
+    is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
+    is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
+    next_pos = pos[:, -1:] + 1
+    for t in range(max_new):
+        logits = logits.float()
+        if greedy:
+            logp_V = torch.log_softmax(logits, -1)
+            tok = logits.argmax(-1)
+        else:
+            if sampling.temperature != 1.0:
+                logits = logits / sampling.temperature
+            if filtered:
+                logits = _filter_logits(logits, sampling.top_k, sampling.top_p, sampling.min_p)
+                if kept is not None:
+                    kept[:, t] = torch.isfinite(logits).sum(-1)
+            logp_V = torch.log_softmax(logits, -1)
+            tok = _sample_inverse_cdf(logp_V, generator)
+        tok = torch.where(finished, pad, tok)
+        tokens[:, t] = tok
+        logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
+        newly = is_stop[tok] & ~finished
+        lengths.masked_fill_(newly, t + 1)
+        finished |= newly
+        if t == max_new - 1 or bool(finished.all()):
+            break
+        if policy.weight_feed is not None and (update := policy.weight_feed.take()) is not None:
+            logits, cache, lean = inflight.switch_weights(policy, update, torch.cat([ids, tokens[:, :t + 1]], 1),
+                                                          full_mask[:, :W + t + 1], W + max_new, lean_ok)
+            switches.append((t + 1, policy.version))  # in-flight update (tether.policy.inflight)
+        elif lean is not None:
+            logits = lean.step(tok, next_pos[:, 0], key_bias)
+        else:
+            logits, cache = next_token_logits(model, tok[:, None], full_mask[:, :W + t + 1], next_pos, cache,
+                                              policy.autocast_bf16)
+        next_pos = next_pos + 1
+    return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
+                       kept.cpu() if kept is not None else None, switches)
+
+
+def _to_samples(prompts, tokens, logps, lengths, finished, kept, switches) -> list[Sample]:
+    from tether.policy.inflight import expand_versions
+
+    samples = []
+    for i in range(len(prompts)):
+        n = int(lengths[i])
+        samples.append(Sample(
+            prompt_ids=tuple(prompts[i]),
+            token_ids=tuple(tokens[i, :n].tolist()),
+            logprobs=tuple(logps[i, :n].tolist()),
+            finish=StopReason.EOS if bool(finished[i]) else StopReason.LENGTH,
+            policy_version=switches[0][1],
+            kept=tuple(kept[i, :n].tolist()) if kept is not None else (),
+            token_versions=expand_versions(switches, n) if len(switches) > 1 else (),
+        ))
+    return samples
+
+
+def next_token_logits(model, ids_BT: torch.Tensor, mask_BT: torch.Tensor, pos_BT: torch.Tensor, cache,
+                      autocast_bf16: bool):
+    """(fp32 logits of the last position [B, V], the updated cache): the backbone under the policy's
+    autocast, the LM head in fp32 (fp32_head_logits), as the trainer scores."""
+    backbone, head = _backbone_and_head(model)
+    kw = _cache_kwarg(backbone)
+    with torch.autocast(ids_BT.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+        out = backbone(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT, use_cache=True, **{kw: cache})
+    cache = out[kw]
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    return fp32_head_logits(out.last_hidden_state[:, -1], head.weight, getattr(head, "bias", None), softcap), cache

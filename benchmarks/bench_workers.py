@@ -13,9 +13,11 @@ Per step the result holds: step_s, gen_s (the sampling call alone), gen_tokens (
 tokens), train_tokens (prompt + completion tokens, no padding), positions (token positions the
 training forward+backward actually ran, padding included: tether's `train/positions`, TRL's
 padded batch), gen_steps (decode steps: the longest completion), attn_sq (sum of squared
-sequence lengths, for attention FLOPs), reward.
+sequence lengths, for attention FLOPs), prompt_width (the longest prompt: the cache length at
+the first decode step), reward.
 With `account`, the worker then measures this machine's limits under the same load: the matmul
-peak (fp32 and bf16) and the decode-step floor (the weight matmuls of one decode step).
+peak (fp32 and bf16), the decode-step floor (the weight matmuls of one decode step) and the
+attention over the KV cache (measure_attention_floor).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def _step_record(step_s, gen_s, prompts, completions, reward) -> dict:
     lens = [len(p) + len(c) for p, c in zip(prompts, completions)]
     return {"step_s": step_s, "gen_s": gen_s, "gen_tokens": float(sum(len(c) for c in completions)),
             "train_tokens": float(sum(lens)), "gen_steps": float(max((len(c) for c in completions), default=0)),
-            "attn_sq": float(sum(n * n for n in lens)), "reward": reward}
+            "attn_sq": float(sum(n * n for n in lens)), "prompt_width": float(max((len(p) for p in prompts), default=0)),
+            "reward": reward}
 
 
 # ----------------------------------------------------------------------------- tether
@@ -244,6 +247,37 @@ def measure_matmul_peak(n: int = 1536, reps: int = 7) -> dict[str, float]:
     return out
 
 
+def measure_attention_floor(model, batch: int, bf16: bool, lengths: tuple[int, ...] = (32, 96), reps: int = 15) -> dict:
+    """The decode step's attention over its KV cache, alone: per layer q @ K^T and weights @ V as two
+    batched matmuls over contiguous [batch, kv heads, L, head dim] buffers in the cache's precision
+    (one pair of buffers per layer, so the cache's memory traffic is the real one), timed at
+    `lengths` and fitted as seconds = a + b * L. This is work any KV-cache decoder does at every
+    token and that the weight-matmul floor leaves out; on a small model with a big batch it is
+    mostly memory traffic (the cache outgrows the weights)."""
+    import torch
+
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kvh = getattr(cfg, "num_key_value_heads", None) or heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    dt = torch.bfloat16 if bf16 else torch.float32
+    q = torch.randn(batch, kvh, heads // kvh, d).to(dt)
+    times = []
+    for length in lengths:
+        kv = [(torch.randn(batch, kvh, length, d).to(dt), torch.randn(batch, kvh, length, d).to(dt))
+              for _ in range(cfg.num_hidden_layers)]
+
+        def step():
+            for k, v in kv:
+                torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v)
+
+        with torch.inference_mode():
+            step()
+            times.append(_median_time(step, reps))
+    b = (times[-1] - times[0]) / (lengths[-1] - lengths[0])
+    return {"a": times[0] - b * lengths[0], "b": b, "lengths": list(lengths), "seconds": times}
+
+
 def measure_decode_floor(model, batch: int, bf16: bool, reps: int = 15) -> float:
     """Seconds of the weight matmuls of one decode step at `batch` (every nn.Linear once, incl. the
     LM head): a decode step with free attention, sampling and bookkeeping."""
@@ -286,6 +320,7 @@ def main() -> None:
     if spec.get("account"):
         out["matmul_peak_gflops"] = measure_matmul_peak()
         out["decode_floor_s"] = measure_decode_floor(model, spec["prompts"] * spec["n"], spec["precision"] == "bf16")
+        out["attention_floor"] = measure_attention_floor(model, spec["prompts"] * spec["n"], spec["precision"] == "bf16")
     Path(spec["result"]).write_text(json.dumps(out))
 
 

@@ -7,7 +7,8 @@ One process, one torch thread: the vs_trl.py model of each size (the reverse tas
 tokenizer + a tiny Llama), 8 prompts x 8 completions x up to 64 new tokens at temperature 1, the
 same seeded generator on every run; `--reps` timed generations after one warm-up, median. The
 decode floor is vs_trl.py's (bench_workers.measure_decode_floor: the weight matmuls of one decode
-step, times the steps). Appends one entry per invocation to `--out`.
+step, times the steps); the floor with KV reads adds the attention over the cache at each step's
+length (bench_workers.measure_attention_floor). Appends one entry per invocation to `--out`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main(argv=None) -> dict:
     import torch
 
     import tether
-    from bench_workers import measure_decode_floor
+    from bench_workers import measure_attention_floor, measure_decode_floor
     from tether import hardware
     from tether.config import SamplingConfig
     from tether.policy.hf import load_policy, run_generate
@@ -62,11 +63,15 @@ def main(argv=None) -> dict:
                     times.append(time.perf_counter() - t0)
                 steps = max(len(s.token_ids) for s in samples)
                 floor = measure_decode_floor(pol.model, len(prompts), prec == "bf16") * steps
+                att, width = measure_attention_floor(pol.model, len(prompts), prec == "bf16"), max(len(x) for x in prompts)
+                kv = floor + sum(att["a"] + att["b"] * (width + t + 1) for t in range(steps))
                 med = statistics.median(times[1:])
                 rows.append({"size": size, "precision": prec, "gen_s": round(med, 4), "runs_s": [round(t, 4) for t in times[1:]],
-                             "decode_steps": steps, "decode_floor_s": round(floor, 4), "gen_over_floor": round(med / floor, 2)})
+                             "decode_steps": steps, "decode_floor_s": round(floor, 4), "gen_over_floor": round(med / floor, 2),
+                             "decode_floor_kv_s": round(kv, 4), "gen_over_floor_kv": round(med / kv, 2)})
                 print(f"[gen-speed] {a.label or 'this'} {size} {prec}: {med:.3f} s per generation "
-                      f"({rows[-1]['gen_over_floor']:.2f}x the decode floor {floor:.3f} s)", flush=True)
+                      f"({rows[-1]['gen_over_floor']:.2f}x the decode floor {floor:.3f} s; "
+                      f"{rows[-1]['gen_over_floor_kv']:.2f}x with the KV cache's attention, {kv:.3f} s)", flush=True)
     cpu = hardware.cpu_info()
     entry = {"label": a.label, "tether": str(Path(tether.__file__).parent), "date": _dt.datetime.now().isoformat(timespec="minutes"),
              "cpu": cpu, "load_avg": list(os.getloadavg()), "command": " ".join(["python"] + sys.argv), "rows": rows}

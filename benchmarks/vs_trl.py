@@ -27,7 +27,10 @@ Accounting (every figure says how far it is from this machine's limit, measured 
   computes fewer, so this can pass 1.0); in brackets the same with the token positions each
   framework actually ran (padding included, shared prefixes once): the hardware's share;
 - generation time against a decode-step floor: decode steps x the time of the model's weight
-  matmuls for one step at the same batch (attention, sampling, bookkeeping free).
+  matmuls for one step at the same batch (attention, sampling, bookkeeping free); and, in
+  brackets, against that floor plus the attention over the KV cache at each step's length
+  (bench_workers.measure_attention_floor: the cache's memory traffic, which on the small model at
+  batch 64 outgrows the weights').
 
 Then: each speed change before/after (ablations.py), the prefix-sharing saving on a multi-turn
 group (bench_prefix.py), and learning curves (reward per step, equal samples, 3 seeds, the reverse demo's
@@ -159,6 +162,12 @@ def summarize_run(run: dict, warmup: int) -> dict:
         floor = [s["gen_steps"] * run["decode_floor_s"] for s in steps]
         out["decode_floor_s"] = _med(floor)
         out["gen_over_decode_floor"] = _med([s["gen_s"] / f for s, f in zip(steps, floor)])
+        att = run.get("attention_floor")
+        if att and all("prompt_width" in s for s in steps):  # + the attention over the cache at every decode step
+            kv = [f + sum(att["a"] + att["b"] * (s["prompt_width"] + t + 1) for t in range(int(s["gen_steps"])))
+                  for f, s in zip(floor, steps)]
+            out["decode_floor_kv_s"] = _med(kv)
+            out["gen_over_decode_floor_kv"] = _med([s["gen_s"] / f for s, f in zip(steps, kv)])
     return out
 
 
@@ -333,9 +342,14 @@ def _label(name: str, prec: str) -> str:
     return f"{fw} ({prec})"
 
 
+def kv_floor(x: dict) -> str:
+    """' (1.6x)': generation time over the decode floor with the KV cache's attention, where measured."""
+    return f" ({x['gen_over_decode_floor_kv']:.1f}x)" if "gen_over_decode_floor_kv" in x else ""
+
+
 def table(results: dict) -> str:
     """A markdown table of the headline figures (also pasted into README.md); every row names its precision."""
-    lines = ["| size | framework (precision) | s/step | rollout tok/s | train tok/s | peak RSS MB | train FLOP/s / matmul peak (positions run) | gen time / decode floor |",
+    lines = ["| size | framework (precision) | s/step | rollout tok/s | train tok/s | peak RSS MB | train FLOP/s / matmul peak (positions run) | gen time / decode floor (with KV reads) |",
              "|---|---|---|---|---|---|---|---|"]
     for size, r in results["sizes"].items():
         names, prec = [n for n in r if isinstance(r[n], dict) and "s_per_step" in r[n]], r["arm_precision"]
@@ -346,7 +360,8 @@ def table(results: dict) -> str:
             once = " (1 run: slow)" if name in r.get("run_once", {}) else ""
             lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {_label(name, p)}{once} | {x['s_per_step']:.2f} | "
                          f"{x['rollout_tokens_per_s']:.0f} | {x['train_tokens_per_s']:.0f} | {x['peak_rss_mb']:.0f} | "
-                         f"{frac:.2f} of {p} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x |")
+                         f"{frac:.2f} of {p} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x"
+                         f"{kv_floor(x)} |")
         tb, lb = r["tether_best"], r["trl_best"]
         lines.append(f"| {size} | **tether-best {_label(tb, prec[tb])} / TRL-best {_label(lb, prec[lb])}** | "
                      f"**{r['s_per_step_ratio_best']:.2f}** | | | **{r['peak_rss_ratio_best']:.2f}** | | |")

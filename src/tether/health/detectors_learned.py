@@ -12,10 +12,14 @@ on data the run already has (the verifier scores every rollout even at weight 0:
   (`compute_component_agreement`) is the fraction of (correct, incorrect) sample pairs of one
   group that c scores higher for the correct one — an AUC, 0.5 at chance. A learned reward that
   ranks the policy's current samples against the verifier (< `critical_floor` on one step with
-  >= `min_pairs` pairs) or no better than chance (< `floor`, pooled over the last two steps) cannot
+  >= `min_pairs` pairs) or no better than chance (< `floor`, pooled over the last steps) cannot
   be steering the policy towards correctness, whatever the training reward does; one whose pooled
   agreement fell `drop` below its first steps' is being exploited: RL finds the samples the
-  reward over-pays (Gao et al., arXiv 2210.10760: over-optimising a proxy RM lowers the gold
+  reward over-pays. The pooled windows (the last steps, the first steps) each hold at least two
+  steps and `window_pairs` pairs (up to `window_steps` steps): until 2026-12-02 they were two
+  steps each, a few dozen pairs with 8 samples per prompt, and in real RM runs a lucky first
+  window (0.91) or an unlucky recent one (0.51-0.61 for an RM at 0.65-0.8) raised 4 false alarms
+  in 9 runs whose held-out accuracy was rising (docs/rewards.md, fourth round) (Gao et al., arXiv 2210.10760: over-optimising a proxy RM lowers the gold
   reward; DeepSeek-R1, arXiv 2501.12948 §2.3.4, caps RM-based RL for this reason).
 - `agreement` on held-out probes, at evaluation steps: `eval/reward_agreement/<c>`
   (tether.eval.runner), the same AUC on held-out problems, with the same floor and drop.
@@ -91,8 +95,8 @@ class LearnedRewardDetector(Detector):
     name, mode = "learned_reward", "reward_hacking"
     needs_baseline = False
     persist, window = 1, 1  # each rule smooths over its own steps
-    defaults = {"floor": 0.55, "critical_floor": 0.4, "drop": 0.2, "min_pairs": 40.0,
-                "k": 3, "fall": 0.05, "z": 2.5, "tol": 0.25}
+    defaults = {"floor": 0.55, "critical_floor": 0.4, "drop": 0.2, "min_pairs": 40.0, "window_pairs": 200.0,
+                "window_steps": 10, "k": 3, "fall": 0.05, "z": 2.5, "tol": 0.25}
 
     def evaluate(self, h: History, ctx: RunContext):
         if not h.rows:
@@ -125,11 +129,24 @@ class LearnedRewardDetector(Detector):
             return self._judge(comp, last, first if first is not None else last, "rollouts", TRAIN_PREFIX + comp, True)
         if len(rows) < 2:
             return OK
-        recent, n = _pooled(h, comp, rows[-2:])
-        if recent is None or n < self.p["min_pairs"]:
+        k_recent = self._window(h, comp, rows[::-1])
+        if k_recent is None:
             return OK
-        return self._judge(comp, recent, first if len(rows) >= 4 and first is not None else recent, "rollouts",
-                           TRAIN_PREFIX + comp)
+        recent, _ = _pooled(h, comp, rows[-k_recent:])
+        k_first = self._window(h, comp, rows)
+        if k_first is not None and k_first + k_recent <= len(rows):  # two disjoint windows: the drop is judged too
+            first, _ = _pooled(h, comp, rows[:k_first])
+        else:
+            first = recent
+        return self._judge(comp, recent, first, "rollouts", TRAIN_PREFIX + comp)
+
+    def _window(self, h: History, comp: str, rows: list[dict]) -> int | None:
+        """How many of `rows` (from their start) make a pooled window: at least two and enough to
+        hold `window_pairs` pairs, at most `window_steps`; None if they never do."""
+        for k in range(2, min(len(rows), int(self.p["window_steps"])) + 1):
+            if _pooled(h, comp, rows[:k])[1] >= self.p["window_pairs"]:
+                return k
+        return None
 
     def _held_out(self, h: History, comp: str):
         value = finite(h.rows[-1].get(PREFIX + comp))

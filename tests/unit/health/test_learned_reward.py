@@ -140,3 +140,33 @@ def test_trend_rm_paid_while_verified_correctness_falls():
     # an RM whose reward falls with correctness is not being exploited; nor is a run whose accuracy rises
     assert _replay_ctx(_trend_rows(lambda s: 0.45 - 0.02 * s, lambda s: -0.5 * s)) == []
     assert _replay_ctx(_trend_rows(lambda s: 0.45 + 0.02 * s, lambda s: 0.1 * s)) == []
+
+
+def test_few_pairs_per_step_are_pooled_before_a_drop_or_floor_is_judged():
+    # 40 pairs per step (8 samples per prompt): the windows pool 5 steps (200 pairs) each. The
+    # fourth round's false alarms: a lucky first window (0.91) against ordinary later values, and
+    # two unlucky steps of an RM that agrees ~0.72 — neither is flagged now.
+    cycle = [0.62, 0.70, 0.66, 0.74]
+    assert _replay_ctx(_train_rows(40, lambda s: 0.91 if s <= 2 else cycle[s % 4], pairs=40.0)) == []
+    assert _replay_ctx(_train_rows(40, lambda s: {12: 0.50, 13: 0.55}.get(s, 0.72), pairs=40.0)) == []
+    # with two-step windows (the old rule) both are findings: the pooling is what silences them
+    old = {"window_pairs": 0.0}
+    mon_rows = _train_rows(40, lambda s: 0.91 if s <= 2 else cycle[s % 4], pairs=40.0)
+    assert _replay_params(mon_rows, old) and _replay_params(_train_rows(40, lambda s: {12: 0.50, 13: 0.55}.get(s, 0.72),
+                                                                      pairs=40.0), old)
+    # a real fall from 0.85 to 0.55 is still found, once the recent window holds mostly fallen steps
+    found = _replay_ctx(_train_rows(20, lambda s: 0.85 if s <= 10 else 0.55, pairs=40.0))
+    assert found and found[0].step == 14 and found[0].evidence["why"] == "drop"
+    assert found[0].evidence["health/reward_agreement/reward_model"]["baseline"] == pytest.approx(0.85)
+
+
+def _replay_params(rows, params, ctx=RM_CTX):
+    class _C:
+        health = HealthConfig()
+    mon = HealthMonitor(_C(), rd=None, watchdog=False)
+    det = mon.detectors["learned_reward"]
+    det.p = {**det.p, **params}
+    mon.detectors = {"learned_reward": det}
+    for i, row in enumerate(rows, 1):
+        mon.run_detectors(i, row, ctx)
+    return mon.findings

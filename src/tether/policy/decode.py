@@ -23,7 +23,8 @@ math with the model's own weights in about a third of the calls:
   then differed from the trainer's fp32-head ones) and autocast re-cast the whole fp32 cache to
   bf16 at every token (a third of the decode time on the benchmark's small model).
 
-The prompt (prefill) still runs through transformers; only the per-token step is replaced. Models
+The prompt (prefill) still runs through transformers, once per distinct prompt (GRPO's n samples
+of a prompt share its keys and values: `load_prefill(rows=...)`); only the per-token step is replaced. Models
 it does not recognise exactly (`supports` is strict) use transformers' forward: no silent drift.
 Tests: tests/unit/policy/test_fast_paths.py (logits equal to transformers' forward at every step).
 """
@@ -137,13 +138,14 @@ class LeanDecoder:
                     cache.append(new)
         self.window, self._bias = size, None
 
-    def load_prefill(self, cache) -> None:
-        """Copy the prompt's keys/values from transformers' cache (after the prefill forward)."""
+    def load_prefill(self, cache, rows: torch.Tensor | None = None) -> None:
+        """Copy the prompt's keys/values from transformers' cache (after the prefill forward);
+        `rows`: the cache row of each decoded row (a shared prefill), else one row each."""
         n = cache.layers[0].keys.shape[-2]
         self._grow(min(self.capacity, n + self.GROW))
         for i, layer in enumerate(cache.layers):
-            self.k[i][:, :, :n] = layer.keys
-            self.v[i][:, :, :n] = layer.values
+            self.k[i][:, :, :n] = layer.keys if rows is None else layer.keys[rows]
+            self.v[i][:, :, :n] = layer.values if rows is None else layer.values[rows]
         self.length = n
 
 
@@ -188,13 +190,14 @@ class LeanDecoder:
             return fp32_head_logits(rms_norm(x, self.norm_w, self.eps), self.head_w, self.head_b, self.softcap)
 
 
-def make_lean_decoder(policy, batch: int, capacity: int, cache):
+def make_lean_decoder(policy, batch: int, capacity: int, cache, rows: torch.Tensor | None = None):
     """A LeanDecoder over the prefilled `cache`, when the model is one it reproduces (else None:
-    transformers' forward per token)."""
+    transformers' forward per token). `rows` [batch]: the cache row of each decoded row, when the
+    prefill ran each distinct prompt once (tether.policy.sampling)."""
     if not policy.lean_decode or cache is None or not supports(policy.model):
         return None
     if not all(getattr(layer, "keys", None) is not None for layer in getattr(cache, "layers", [])):
         return None
     lean = LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16)
-    lean.load_prefill(cache)
+    lean.load_prefill(cache, rows)
     return lean

@@ -184,8 +184,16 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     kept = torch.zeros((B, max_new), dtype=torch.int32, device=dev) if record else None
     # the backbone under the policy's autocast, the LM head in fp32 (as the trainer scores); the lean
     # decoder sets its own precision per op
-    logits, cache = next_token_logits(model, ids, mask, pos, cache, policy.autocast_bf16)
-    lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
+    uniq, rows = _distinct_prompts(prompts, dev) if lean_ok else (None, None)
+    if uniq is not None:  # each distinct prompt once (GRPO samples n per prompt); the lean decoder copies its rows
+        logits, cache = next_token_logits(model, ids[uniq], mask[uniq], pos[uniq], cache, policy.autocast_bf16)
+        lean = decode.make_lean_decoder(policy, B, W + max_new, cache, rows)
+        logits = logits[rows]
+        if lean is None:  # the lean decoder declined this cache: transformers' step needs every row's
+            cache = _make_decode_cache(model, W + max_new)
+    if uniq is None or lean is None:
+        logits, cache = next_token_logits(model, ids, mask, pos, cache, policy.autocast_bf16)
+        lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
     key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
     is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
     is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
@@ -224,6 +232,24 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
         next_pos = next_pos + 1
     return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
                        kept.cpu() if kept is not None else None, switches)
+
+
+def _distinct_prompts(prompts, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the first row of each distinct prompt, each row's index among them), or (None, None) when
+    every prompt is distinct. The prefill then runs B_distinct rows instead of B: with GRPO's n
+    samples per prompt, 1/n of the prompt tokens (TRL's generate runs all of them)."""
+    slot: dict[tuple[int, ...], int] = {}
+    first_rows: list[int] = []
+    index = []
+    for r, p in enumerate(prompts):
+        key = tuple(p)
+        if key not in slot:
+            slot[key] = len(first_rows)
+            first_rows.append(r)
+        index.append(slot[key])
+    if len(first_rows) == len(prompts):
+        return None, None
+    return (torch.tensor(first_rows, dtype=torch.long, device=device), torch.tensor(index, dtype=torch.long, device=device))
 
 
 def _to_samples(prompts, tokens, logps, lengths, finished, kept, switches) -> list[Sample]:

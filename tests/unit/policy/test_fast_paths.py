@@ -157,3 +157,49 @@ def test_lean_cache_window_grows_past_its_first_size(policy, tok):
     for a, b in zip(out[True], out[False]):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=2e-5)
+
+
+def test_distinct_prompts_index_their_first_rows():
+    from tether.policy.sampling import _distinct_prompts
+
+    first, rows = _distinct_prompts([[1, 2], [3], [1, 2], [3], [4]], "cpu")
+    assert first.tolist() == [0, 1, 4] and rows.tolist() == [0, 1, 0, 1, 2]
+    assert _distinct_prompts([[1], [2]], "cpu") == (None, None)  # nothing shared: the plain prefill
+
+
+def test_shared_prefill_samples_what_a_per_row_prefill_samples(policy, tok, monkeypatch):
+    # GRPO's n samples per prompt: the prefill runs each distinct prompt once and the lean decoder
+    # copies its keys/values to the prompt's rows. Greedy tokens are those of the per-row prefill
+    # and sampled log-probs equal it (fp32; the prefill's batch size may change the last bits).
+    from tether.policy import sampling
+
+    prompts = [p for p in _prompts(tok) for _ in range(3)]
+    cfg = SamplingConfig(max_new_tokens=12)
+    calls = []
+    real = sampling.next_token_logits
+    monkeypatch.setattr(sampling, "next_token_logits", lambda m, ids, *a: calls.append(ids.shape[0]) or real(m, ids, *a))
+    shared = run_generate(policy, prompts, cfg, torch.Generator().manual_seed(3))
+    shared_greedy = run_generate(policy, prompts, cfg, None, greedy=True)
+    assert calls[0] == 6 and calls[-1] == 6  # the prefill ran 6 rows for 18 samples
+    monkeypatch.setattr(sampling, "_distinct_prompts", lambda p, d: (None, None))
+    plain = run_generate(policy, prompts, cfg, torch.Generator().manual_seed(3))
+    plain_greedy = run_generate(policy, prompts, cfg, None, greedy=True)
+    assert calls[-1] == 18
+    assert [s.token_ids for s in shared_greedy] == [s.token_ids for s in plain_greedy]
+    assert [s.token_ids for s in shared] == [s.token_ids for s in plain]
+    for a, b in zip(shared, plain):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_shared_prefill_falls_back_when_the_lean_decoder_declines(policy, tok, monkeypatch):
+    from tether.policy import sampling
+
+    prompts = [p for p in _prompts(tok, 3) for _ in range(2)]
+    cfg = SamplingConfig(max_new_tokens=8)
+    want = run_generate(policy, prompts, cfg, None, greedy=True)
+    real = decode.make_lean_decoder
+    monkeypatch.setattr(decode, "make_lean_decoder", lambda pol, b, c, cache, rows=None: None if rows is not None
+                        else real(pol, b, c, cache))
+    got = run_generate(policy, prompts, cfg, None, greedy=True)  # a per-row prefill again, then the lean step
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    assert sampling._distinct_prompts(prompts, "cpu")[0] is not None

@@ -49,6 +49,7 @@ SOURCE: Path | None = None  # --source DIR: read sft/ and rm/ from DIR (another 
 RM_KWARGS = ""  # --rm-kwargs: more reward_model kwargs, YAML flow style ("normalize: winrate")
 TAG = ""  # --tag: suffix of the RL run directories and result keys (rl_rm<tag>)
 RM_STEPS, RM_SAVE_AT = 1500, ""  # --rm-steps, --rm-save-at: the RM's training steps and its snapshots (rm.save_at)
+RM_LR = 1e-4  # --rm-lr: the RM's learning rate (rm.lr, constant)
 RM_SNAPSHOT = ""  # --rm-snapshot step-N: RL against <rm>/step-N (a snapshot of a longer RM run) instead of <rm>
 WEAK_RL = {"train.steps": 20, "eval.every": 2, "algo.kl.coef": 0.05, "train.lr": 1e-4}
 
@@ -251,7 +252,7 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
         res["pairs"] = {"train": len(pairs), "eval": len(held), "seconds": time.perf_counter() - t,
                         "cpu_seconds": cpu_seconds() - c}
         rm_over = [f"rm.pairs={p}", f"rm.eval_pairs={e}", f"rm.steps={60 if quick else RM_STEPS}", "rm.batch_size=32",
-                   "rm.lr=1e-4", "rm.eval_every=250"] + ([f"rm.save_at=[{RM_SAVE_AT}]"] if RM_SAVE_AT else [])
+                   f"rm.lr={RM_LR:g}", "rm.eval_every=250"] + ([f"rm.save_at=[{RM_SAVE_AT}]"] if RM_SAVE_AT else [])
         res["rm"] = run_arm("rm", rm_over, {**RL, "train.steps": 6} if quick else RL, base, sft_model, out)
     if "weak_rm" in arms:
         weak = ["rm.steps=3", "rm.problems=16", "rm.lr=5e-4"]
@@ -282,12 +283,13 @@ def main() -> None:
     ap.add_argument("--rm-steps", type=int, default=1500, help="the RM's training steps (rm.steps)")
     ap.add_argument("--rm-save-at", default="", help="also save the RM at these steps, comma-separated (rm.save_at): "
                     "the RM of a shorter run from the same run")
+    ap.add_argument("--rm-lr", type=float, default=1e-4, help="the RM's learning rate (rm.lr, constant)")
     ap.add_argument("--rm-snapshot", default="", help="step-N: RL against the RM's step-N snapshot (--rm-save-at)")
     ap.add_argument("--rl", action="append", default=[], help="an RL override of the rm arm, key=value (repeatable)")
     a = ap.parse_args()
-    global REUSE_RM, SOURCE, RM_KWARGS, TAG, RM_STEPS, RM_SAVE_AT, RM_SNAPSHOT
+    global REUSE_RM, SOURCE, RM_KWARGS, TAG, RM_STEPS, RM_SAVE_AT, RM_SNAPSHOT, RM_LR
     REUSE_RM, SOURCE, RM_KWARGS, TAG = a.reuse_rm, Path(a.source) if a.source else None, a.rm_kwargs, a.tag
-    RM_STEPS, RM_SAVE_AT, RM_SNAPSHOT = a.rm_steps, a.rm_save_at, a.rm_snapshot
+    RM_STEPS, RM_SAVE_AT, RM_SNAPSHOT, RM_LR = a.rm_steps, a.rm_save_at, a.rm_snapshot, a.rm_lr
     RL.update(dict(x.split("=", 1) for x in a.rl))
     from tether.hardware import cpu_info
 
@@ -298,6 +300,7 @@ def main() -> None:
     flags += "".join(f" {k} {v!r}" for k, v in (("--source", a.source), ("--rm-kwargs", a.rm_kwargs), ("--tag", a.tag),
                                                 ("--rm-save-at", a.rm_save_at), ("--rm-snapshot", a.rm_snapshot)) if v)
     flags += f" --rm-steps {a.rm_steps}" if a.rm_steps != 1500 else ""
+    flags += f" --rm-lr {a.rm_lr:g}" if a.rm_lr != 1e-4 else ""
     payload = {"command": f"python benchmarks/rm_demo.py --seeds {a.seeds} --arms {a.arms}{flags}", "rl": RL,
                "quick": a.quick, "cpu": cpu_info(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
                "wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "runs": runs}

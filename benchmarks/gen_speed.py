@@ -43,7 +43,6 @@ def main(argv=None) -> dict:
 
     import tether
     from bench_workers import measure_attention_floor, measure_decode_floor
-    from tether import hardware
     from tether.config import SamplingConfig
     from tether.policy.hf import load_policy, run_generate
     from vs_trl import build_model_dir
@@ -72,10 +71,16 @@ def main(argv=None) -> dict:
                 print(f"[gen-speed] {a.label or 'this'} {size} {prec}: {med:.3f} s per generation "
                       f"({rows[-1]['gen_over_floor']:.2f}x the decode floor {floor:.3f} s; "
                       f"{rows[-1]['gen_over_floor_kv']:.2f}x with the KV cache's attention, {kv:.3f} s)", flush=True)
-    cpu = hardware.cpu_info()
-    entry = {"label": a.label, "tether": str(Path(tether.__file__).parent), "date": _dt.datetime.now().isoformat(timespec="minutes"),
-             "cpu": cpu, "load_avg": list(os.getloadavg()), "command": " ".join(["python"] + sys.argv), "rows": rows}
-    out = Path(a.out)
+    return append_entry(a.out, rows, label=a.label, tether=str(Path(tether.__file__).parent))
+
+
+def append_entry(out: str | Path, rows: list[dict], **extra) -> dict:
+    """Append one invocation's entry (its rows, the CPU, load, date and command) to the JSON list in `out`."""
+    from tether import hardware
+
+    entry = {**extra, "date": _dt.datetime.now().isoformat(timespec="minutes"), "cpu": hardware.cpu_info(),
+             "load_avg": list(os.getloadavg()), "command": " ".join(["python"] + sys.argv), "rows": rows}
+    out = Path(out)
     data = json.loads(out.read_text()) if out.is_file() else []
     data.append(entry)
     out.write_text(json.dumps(data, indent=1) + "\n")

@@ -14,8 +14,6 @@ one entry to `--out`.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
 import statistics
 import sys
@@ -38,7 +36,7 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     import torch
 
-    from tether import hardware
+    from gen_speed import append_entry
     from tether.config import SamplingConfig
     from tether.policy import sampling
     from tether.policy.hf import load_policy, run_generate
@@ -67,13 +65,7 @@ def main(argv=None) -> dict:
                       f"per row ({rows[-1]['ratio']:.2f}x)", flush=True)
     finally:
         sampling._distinct_prompts = real
-    entry = {"date": _dt.datetime.now().isoformat(timespec="minutes"), "cpu": hardware.cpu_info(),
-             "load_avg": list(os.getloadavg()), "command": " ".join(["python"] + sys.argv), "rows": rows}
-    out = Path(a.out)
-    data = json.loads(out.read_text()) if out.is_file() else []
-    data.append(entry)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    return entry
+    return append_entry(a.out, rows)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,9 @@ from tether.health.monitor import HealthMonitor  # noqa: E402
 RM_CTX = RunContext("exact_match", {"exact_match": 0.0, "reward_model": 1.0}, 0)
 
 
-def _replay_ctx(rows, ctx=RM_CTX):
-    class _C:
-        health = HealthConfig()
+def _replay_ctx(rows, ctx=RM_CTX, params=None):
+    class _C:  # `params`: the detector's thresholds, through health.thresholds as a user sets them
+        health = HealthConfig(thresholds={f"learned_reward.{k}": v for k, v in (params or {}).items()})
     mon = HealthMonitor(_C(), rd=None, watchdog=False)
     mon.detectors = {"learned_reward": mon.detectors["learned_reward"]}
     for i, row in enumerate(rows, 1):
@@ -152,21 +152,10 @@ def test_few_pairs_per_step_are_pooled_before_a_drop_or_floor_is_judged():
     # with two-step windows (the old rule) both are findings: the pooling is what silences them
     old = {"window_pairs": 0.0}
     mon_rows = _train_rows(40, lambda s: 0.91 if s <= 2 else cycle[s % 4], pairs=40.0)
-    assert _replay_params(mon_rows, old) and _replay_params(_train_rows(40, lambda s: {12: 0.50, 13: 0.55}.get(s, 0.72),
-                                                                      pairs=40.0), old)
+    assert _replay_ctx(mon_rows, params=old) and _replay_ctx(_train_rows(40, lambda s: {12: 0.50, 13: 0.55}.get(s, 0.72),
+                                                                  pairs=40.0), params=old)
     # a real fall from 0.85 to 0.55 is still found, once the recent window holds mostly fallen steps
     found = _replay_ctx(_train_rows(20, lambda s: 0.85 if s <= 10 else 0.55, pairs=40.0))
     assert found and found[0].step == 14 and found[0].evidence["why"] == "drop"
     assert found[0].evidence["health/reward_agreement/reward_model"]["baseline"] == pytest.approx(0.85)
 
-
-def _replay_params(rows, params, ctx=RM_CTX):
-    class _C:
-        health = HealthConfig()
-    mon = HealthMonitor(_C(), rd=None, watchdog=False)
-    det = mon.detectors["learned_reward"]
-    det.p = {**det.p, **params}
-    mon.detectors = {"learned_reward": det}
-    for i, row in enumerate(rows, 1):
-        mon.run_detectors(i, row, ctx)
-    return mon.findings

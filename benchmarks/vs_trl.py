@@ -14,8 +14,9 @@ What is compared (bench_workers.py holds the two sides):
 - tether runs with its defaults (`--precision auto`: bf16 autocast only where the CPU does bf16
   natively, tether.hardware); TRL runs in fp32 and in bf16 (`GRPOConfig(bf16=True, use_cpu=True)`:
   autocast through accelerate), and TRL-best is whichever is faster in this run; tether also runs
-  at every precision TRL ran at (the same-precision pairs) and with `train.compile=true` (the
-  compilation falls in each run's warm-up step; later processes reuse inductor's on-disk cache).
+  at every precision TRL ran at (the same-precision pairs) and compiled (`train.compile=true
+  rollout.compile=true`, since 2026-12-02 with the decode step; before, the training forward only;
+  the compilation falls in each run's warm-up step; later processes reuse inductor's on-disk cache).
   An arm more than `--slow-factor` x slower than its framework's fastest in the first round (bf16
   without native bf16) runs once. The headline is tether-best / TRL-best; every row names its
   precision, and the machine's CPU model, class and flags are in the result's `machine`.
@@ -192,15 +193,15 @@ def default_precision() -> str:
 def arms(args) -> list[tuple[str, str, str, list[str]]]:
     """(name, framework, precision, tether overrides): tether with its defaults (precision `auto`),
     TRL at each precision asked for (TRL-best is the faster of them, chosen in this run), tether at
-    every other precision TRL runs at (the same-precision pairs), and tether with its compiled
-    training forward (`train.compile=true`)."""
+    every other precision TRL runs at (the same-precision pairs), and tether compiled: the training
+    forward (`train.compile=true`) and the decode step (`rollout.compile=true`)."""
     mine = args.precision if args.precision != "auto" else default_precision()
     trl = ["fp32", "bf16"] if args.trl_precision == "both" else [args.trl_precision]
     out = [("tether", "tether", mine, [])] + [(f"trl_{p}", "trl", p, []) for p in trl]
     if args.match_precision:
         out += [(f"tether_{p}", "tether", p, []) for p in trl if p != mine]
     if args.compiled_arm:
-        out.append(("tether_compiled", "tether", mine, ["train.compile=true"]))
+        out.append(("tether_compiled", "tether", mine, ["train.compile=true", "rollout.compile=true"]))
     return out
 
 
@@ -337,7 +338,7 @@ def print_curves(lc: dict) -> None:
 
 
 def _label(name: str, prec: str) -> str:
-    fw = "TRL" if name.startswith("trl") else "tether, train.compile" if name == "tether_compiled" else \
+    fw = "TRL" if name.startswith("trl") else "tether, compiled" if name == "tether_compiled" else \
         "tether, defaults" if name == "tether" else "tether"
     return f"{fw} ({prec})"
 
@@ -385,7 +386,7 @@ def parse_args(argv=None):
                    help="skip tether at TRL's other precisions (the same-precision pairs)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process, both frameworks")
     p.add_argument("--no-compiled-arm", dest="compiled_arm", action="store_false",
-                   help="skip the fourth arm: tether with train.compile=true (torch.compile of the training forward)")
+                   help="skip the arm of tether compiled (train.compile=true rollout.compile=true)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="tether's default arm: model.autocast_bf16 (auto: bf16 only with native bf16, tether.hardware)")
     p.add_argument("--trl-precision", choices=["both", "fp32", "bf16"], default="both",

@@ -105,6 +105,10 @@ class RolloutConfig(_Base):
     sampling: SamplingConfig = SamplingConfig()
     max_prompt_tokens: int = Field(256, gt=0)
     batch_size: int = Field(256, gt=0, description="sequences generated together")
+    compile: bool = Field(
+        False, description="torch.compile the lean decode step (tether.policy.decode; Llama-family models): the "
+                           "element-wise work of every layer fused, one graph for every step; the first generation "
+                           "pays the compilation (~30-40 s on a 2-core CPU, a few s from inductor's on-disk cache)")
     on_drift: Literal["count", "fail"] = Field(
         "count", description="multi-turn: a context that does not extend the previous one is counted or fails"
     )

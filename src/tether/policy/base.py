@@ -21,6 +21,7 @@ class HFPolicy:
     autocast_bf16: bool = False
     version: int = 0  # bumped by the recipe after every optimizer step
     lean_decode: bool = True  # tether.policy.decode for Llama-family models; False: transformers per token
+    compile_decode: bool = False  # the lean decode step through torch.compile (`rollout.compile`)
     lean_train: str = "eager"  # tether.policy.lean_train for shared-prefix scoring: "eager", "compile" (train.compile), "off"
     trained_positions: int = 0  # token positions run forward+backward so far (padding included): see count_trained
     base_only: bool = False  # a LoRA model scored with its adapters off: the KL reference (tether.policy.lora)

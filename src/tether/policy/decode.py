@@ -78,9 +78,10 @@ class LeanDecoder:
 
     GROW = 32  # the first window's room past the prompt, and the rounding of every window
 
-    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, bf16: bool) -> None:
+    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, bf16: bool, compiled: bool = False) -> None:
         cfg, inner = model.config, model.model
         self.dtype = torch.bfloat16 if bf16 else torch.float32
+        self.compiled = compiled  # the step through torch.compile (`rollout.compile`): see compiled_step
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
@@ -130,7 +131,8 @@ class LeanDecoder:
         shape = (self.batch, self.kv_heads, size, self.head_dim)
         for cache in (self.k, self.v):
             for i in range(len(self.layers)):
-                new = torch.zeros(shape, dtype=self.dtype, device=dev)
+                new = torch.empty(shape, dtype=self.dtype, device=dev)
+                new[:, :, n:].zero_()  # only what is not copied (a zero fill of the whole was 5% of a small model's generation)
                 if i < len(cache):
                     new[:, :, :n] = cache[i][:, :, :n]
                     cache[i] = new
@@ -148,6 +150,15 @@ class LeanDecoder:
             self.v[i][:, :, :n] = layer.values if rows is None else layer.values[rows]
         self.length = n
 
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop every row not in `rows` (indices into the current batch, in order): the cache, the
+        padding bias and the batch shrink, so that finished rows cost nothing in later steps."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+        if self._bias is not None:
+            self._bias = self._bias.index_select(0, rows)
+        self.batch = int(rows.shape[0])
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1]
@@ -168,6 +179,8 @@ class LeanDecoder:
         if self._bias is None:  # the padding bias over the window, -inf where nothing is written yet
             self._bias = key_bias_BL[:, : self.window].clone()
             self._bias[:, n:] = float("-inf")
+        if self.compiled:
+            return self._compiled_step(tok_B, pos_B, key_bias_BL)
         self._bias[:, n] = key_bias_BL[:, n]
         with torch.autocast(tok_B.device.type, enabled=False):
             x = F.embedding(tok_B, self.embed)  # [B, H] fp32
@@ -190,6 +203,77 @@ class LeanDecoder:
             return fp32_head_logits(rms_norm(x, self.norm_w, self.eps), self.head_w, self.head_b, self.softcap)
 
 
+    def _compiled_step(self, tok_B: torch.Tensor, pos_B: torch.Tensor, key_bias_BL: torch.Tensor) -> torch.Tensor:
+        """`step` through torch.compile: the new token attends to the cache (position n still under
+        -inf) and to its own key separately, and its keys/values are written after the call, so the
+        compiled function mutates nothing. Batch and window dimensions are dynamic: one graph for
+        every step, row drop and cache growth."""
+        n = self.length
+        x = F.embedding(tok_B, self.embed)
+        cos, sin = self.cos[pos_B][:, None], self.sin[pos_B][:, None]
+        bias = self._bias[:, None, None]
+        for t in (x, cos, sin, bias, *self.k, *self.v):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        for t in (*self.k, *self.v):
+            torch._dynamo.maybe_mark_dynamic(t, 2)
+        torch._dynamo.maybe_mark_dynamic(bias, 3)
+        layers = tuple((p["ln1"], p["eps1"], p["qkv"], p["qkv_b"], p["o"], p["o_b"], p["ln2"], p["eps2"],
+                        p["gate_up"], p["down"]) for p in self.layers)
+        with torch.autocast(tok_B.device.type, enabled=False):
+            logits, new_k, new_v = compiled_step()(
+                x, cos, sin, bias, tuple(self.k), tuple(self.v), layers, (self.norm_w, self.eps),
+                (self.head_w, self.head_b, self.softcap), (self.heads, self.kv_heads, self.head_dim, self.scale))
+        for i in range(len(self.layers)):
+            self.k[i][:, :, n] = new_k[i]
+            self.v[i][:, :, n] = new_v[i]
+        self._bias[:, n] = key_bias_BL[:, n]
+        self.length = n + 1
+        return logits
+
+
+def step_math(x, cos, sin, bias, ks, vs, layers, norm, head, shape):
+    """One decode step as a pure function (what `compiled_step` compiles): (fp32 logits [B, V], each
+    layer's new keys and values [B, kv_heads, d]). `bias` [B, 1, 1, W] is -inf at the new token's own
+    position, which is attended through its key directly. The same precision per op as
+    `LeanDecoder.step`; under compilation the fused element-wise kernels round differently (bf16:
+    log-probs within a few 1e-3 of the eager step's; tests/unit/policy/test_fast_paths.py)."""
+    h, kvh, d, scale = shape
+    B, W = x.shape[0], ks[0].shape[2]
+    new_k, new_v = [], []
+    for K, V, (ln1, eps1, qkv_w, qkv_b, o_w, o_b, ln2, eps2, gu_w, down_w) in zip(ks, vs, layers):
+        dt = K.dtype
+        qkv = F.linear(rms_norm(x, ln1, eps1).to(dt), qkv_w, qkv_b).view(B, h + 2 * kvh, d)
+        xq = qkv[:, : h + kvh].float()
+        swapped = xq.view(B, h + kvh, 2, d // 2).flip(-2).reshape(xq.shape)
+        qk = (xq * cos + swapped * sin).to(dt)
+        q = qk[:, :h].reshape(B, kvh, h // kvh, d)
+        k_new, v_new = qk[:, h:], qkv[:, h + kvh:]
+        s_cache = torch.matmul(q, K.transpose(-1, -2)) * scale + bias  # [B, kvh, g, W]
+        s_self = ((q * k_new[:, :, None]).sum(-1, keepdim=True) * scale).float()  # [B, kvh, g, 1]
+        att = torch.softmax(torch.cat([s_cache, s_self], -1), dim=-1).to(dt)
+        o = torch.matmul(att[..., :W], V).float() + att[..., W:].float() * v_new[:, :, None].float()
+        x = x + F.linear(o.to(dt).reshape(B, h * d), o_w, o_b).float()
+        g, u = F.linear(rms_norm(x, ln2, eps2).to(dt), gu_w).chunk(2, dim=-1)
+        x = x + F.linear(F.silu(g) * u, down_w).float()
+        new_k.append(k_new)
+        new_v.append(v_new)
+    return fp32_head_logits(rms_norm(x, *norm), *head), new_k, new_v
+
+
+_COMPILED: dict = {}
+
+
+def compiled_step():
+    """`step_math` through torch.compile (inductor), made once per process: the element-wise work
+    of every layer (norms, rotary, casts, softmax, SiLU x up, residuals) fused into generated
+    kernels, the matmuls left to PyTorch's. The first call compiles (tens of seconds on a 2-core
+    CPU, a few seconds from inductor's on-disk cache); docs/performance.md has the measurements."""
+    fn = _COMPILED.get("step")
+    if fn is None:
+        fn = _COMPILED["step"] = torch.compile(step_math, dynamic=None)
+    return fn
+
+
 def make_lean_decoder(policy, batch: int, capacity: int, cache, rows: torch.Tensor | None = None):
     """A LeanDecoder over the prefilled `cache`, when the model is one it reproduces (else None:
     transformers' forward per token). `rows` [batch]: the cache row of each decoded row, when the
@@ -198,6 +282,6 @@ def make_lean_decoder(policy, batch: int, capacity: int, cache, rows: torch.Tens
         return None
     if not all(getattr(layer, "keys", None) is not None for layer in getattr(cache, "layers", [])):
         return None
-    lean = LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16)
+    lean = LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16, compiled=policy.compile_decode)
     lean.load_prefill(cache, rows)
     return lean

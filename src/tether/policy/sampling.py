@@ -47,6 +47,11 @@ def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float, min_p: flo
     return logits_BV
 
 
+# drop finished rows from the lean decoder's batch once at most this share of its rows is still running
+# (each drop copies the kept rows' cache: ~ one step's attention reads)
+_COMPACT = 0.75
+
+
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -147,13 +152,16 @@ def _make_decode_cache(model, capacity: int):
     return cache
 
 
-def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None,
+                        uniform_B1: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row from exp(logp_BV): the first token whose cumulative probability exceeds
     u ~ U[0, total). One uniform per row instead of multinomial's one exponential per vocabulary
     entry (the largest per-token sampling cost on CPU); float64 so that rounding never selects a
-    zero-probability (filtered) token."""
+    zero-probability (filtered) token. `uniform_B1`: the rows' U[0, 1) draws, when the caller drew them."""
     cdf = logp_BV.double().exp().cumsum(-1)
-    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    if uniform_B1 is None:
+        uniform_B1 = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device)
+    u = uniform_B1 * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return torch.where(tok < cdf.shape[-1], tok, logp_BV.argmax(-1))  # u rounded up to the total: the mode
 
@@ -198,8 +206,16 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
     is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
     next_pos = pos[:, -1:] + 1
+    # rows still decoded by the lean decoder (None: all B). Finished rows are dropped from its batch
+    # once enough of them have finished (_COMPACT); their tokens are the pad from then on, as before,
+    # and every row still draws its uniform each step, so the samples do not depend on the dropping.
+    live, live_bias, all_logits = None, key_bias, None
+    compact = lean is not None and policy.weight_feed is None
     for t in range(max_new):
         logits = logits.float()
+        if live is not None:  # the decoder's rows into the whole batch (finished rows keep stale, finite logits)
+            all_logits[live] = logits
+            logits = all_logits
         if greedy:
             logp_V = torch.log_softmax(logits, -1)
             tok = logits.argmax(-1)
@@ -225,7 +241,17 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
                                                           full_mask[:, :W + t + 1], W + max_new, lean_ok)
             switches.append((t + 1, policy.version))  # in-flight update (tether.policy.inflight)
         elif lean is not None:
-            logits = lean.step(tok, next_pos[:, 0], key_bias)
+            if compact and (left := int(B - finished.sum())) < lean.batch and left <= _COMPACT * lean.batch:
+                if live is None:
+                    live, all_logits = torch.arange(B, device=dev), logits.clone()
+                keep = (~finished[live]).nonzero().squeeze(1)  # among the decoder's current rows
+                lean.keep_rows(keep)
+                live = live[keep]
+                live_bias = key_bias.index_select(0, live)
+            if live is None:
+                logits = lean.step(tok, next_pos[:, 0], key_bias)
+            else:
+                logits = lean.step(tok[live], next_pos[live, 0], live_bias)
         else:
             logits, cache = next_token_logits(model, tok[:, None], full_mask[:, :W + t + 1], next_pos, cache,
                                               policy.autocast_bf16)

@@ -42,7 +42,7 @@ from tether.io.run_dir import RunDir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.phase import marks_phase, phase
-from tether.policy import lean_train
+from tether.policy import decode, lean_train
 from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing
 from tether.policy.lora import is_adapter_dir
 from tether.recipes.common import (
@@ -68,6 +68,11 @@ class RLState:
                 warnings.warn("train.compile=true: only Llama-family models on a CPU have the compiled training "
                               "forward (tether.policy.lean_train); this run trains through transformers' forward",
                               stacklevel=2)
+        if cfg.rollout.compile:  # tether.policy.decode's step, compiled
+            policy.compile_decode = True
+            if not decode.supports(policy.model):
+                warnings.warn("rollout.compile=true: only Llama-family models have the compiled decode step "
+                              "(tether.policy.decode); this run samples through transformers' forward", stacklevel=2)
         self.stream = ProblemStream(train_problems, cfg.run.seed)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         params = list(policy.model.parameters())

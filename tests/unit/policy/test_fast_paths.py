@@ -203,3 +203,66 @@ def test_shared_prefill_falls_back_when_the_lean_decoder_declines(policy, tok, m
     got = run_generate(policy, prompts, cfg, None, greedy=True)  # a per-row prefill again, then the lean step
     assert [s.token_ids for s in got] == [s.token_ids for s in want]
     assert sampling._distinct_prompts(prompts, "cpu")[0] is not None
+
+
+def _stopping_policy(policy, every: int = 24):
+    """The tiny model with every `every`-th token a stop id: rows finish at different steps."""
+    return dataclasses.replace(policy, stop_ids=tuple(range(0, policy.model.config.vocab_size, every)))
+
+
+def test_dropping_finished_rows_changes_no_sample(policy, tok, monkeypatch):
+    # Finished rows leave the lean decoder's batch (sampling._COMPACT); every row still draws its
+    # uniform each step, so tokens, log-probs, finish reasons and sampling masks are those of the
+    # full-batch decode, bit for bit. _COMPACT=1: a drop whenever a row finished; 0: never.
+    from tether.policy import sampling
+
+    pol = _stopping_policy(policy)
+    prompts = [p for p in _prompts(tok) for _ in range(4)]
+    drops = []
+    real = decode.LeanDecoder.keep_rows
+    monkeypatch.setattr(decode.LeanDecoder, "keep_rows", lambda self, rows: drops.append(len(rows)) or real(self, rows))
+    for cfg, greedy in [(SamplingConfig(max_new_tokens=decode.LeanDecoder.GROW + 12), False),
+                        (SamplingConfig(max_new_tokens=20, top_k=7, temperature=0.8), False),
+                        (SamplingConfig(max_new_tokens=20), True)]:
+        out = {}
+        for share in (1.0, 0.0):
+            monkeypatch.setattr(sampling, "_COMPACT", share)
+            drops.clear()
+            out[share] = run_generate(pol, prompts, cfg, torch.Generator().manual_seed(2), greedy=greedy)
+            if share == 1.0 and not greedy:
+                assert len(drops) >= 3 and drops == sorted(drops, reverse=True) and drops[0] < len(prompts)
+            if share == 0.0:
+                assert drops == []
+        for a, b in zip(out[1.0], out[0.0]):
+            assert (a.token_ids, a.logprobs, a.finish, a.kept) == (b.token_ids, b.logprobs, b.finish, b.kept)
+    assert max(len(s.token_ids) for s in out[1.0]) > 1
+
+
+def test_compiled_decode_step_matches_the_eager_step(policy, tok, monkeypatch):
+    # rollout.compile: the step through torch.compile, one graph for every step although the
+    # window grows and finished rows leave the batch. fp32: the eager step's tokens and log-probs
+    # within 1e-4. bf16: log-probs within 5e-3 of the bf16 trainer's (the eager bf16 step's bound is
+    # 2.5e-3 above; measured here: 1.2e-3).
+    from torch._dynamo.utils import counters
+
+    from tether.policy import sampling
+
+    monkeypatch.setattr(sampling, "_COMPACT", 1.0)
+    pol = _stopping_policy(policy)
+    prompts = [p for p in _prompts(tok) for _ in range(4)]
+    cfg = SamplingConfig(max_new_tokens=decode.LeanDecoder.GROW + 12)
+    eager = run_generate(pol, prompts, cfg, torch.Generator().manual_seed(0))
+    counters.clear()
+    compiled = run_generate(dataclasses.replace(pol, compile_decode=True), prompts, cfg, torch.Generator().manual_seed(0))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert max(len(s.token_ids) for s in compiled) > decode.LeanDecoder.GROW  # crossed a growth
+    for a, b in zip(compiled, eager):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    p16 = dataclasses.replace(pol, autocast_bf16=True, compile_decode=True)
+    worst = 0.0
+    for s in run_generate(p16, prompts, SamplingConfig(max_new_tokens=16), torch.Generator().manual_seed(0)):
+        seq = torch.tensor([list(s.prompt_ids) + list(s.token_ids)])
+        lp, _ = compute_logprobs(p16, seq, torch.ones_like(seq, dtype=torch.bool))  # the bf16 trainer's scorer
+        worst = max(worst, float((lp.detach()[0, len(s.prompt_ids):] - torch.tensor(s.logprobs)).abs().max()))
+    assert worst < 5e-3, worst

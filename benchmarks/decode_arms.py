@@ -12,7 +12,8 @@ one torch thread) with three arms, alternated `--rounds` times, the same seeded 
   2026-12-02); `rows_identical_to_all_rows` is the share of rows whose tokens equal `eager`'s (1.0
   unless the matmul kernels round differently at another row count, which then moves a draw);
 - `compiled`: `rollout.compile` (the step through torch.compile); its first call, which compiles,
-  is reported apart (`compile_first_call_s`) and left out of the median.
+  is reported apart (`compile_first_call_s`; a fresh `TORCHINDUCTOR_CACHE_DIR` measures a cold
+  compilation) and left out of the median.
 
 Medians of all rounds but the first. `--stop-every K` makes every K-th token id a stop id as well
 (a synthetic spread of completion lengths: the benchmark's untrained model mostly runs to the
@@ -92,6 +93,7 @@ def main(argv=None) -> dict:
                              "rows_identical_to_all_rows": round(statistics.mean(same), 3),
                              "compiled_over_eager": round(med["compiled"] / med["eager"], 3),
                              "compile_first_call_s": round(first_compile, 2),
+                             "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default"),
                              "weight_floor_64_steps_s": round(floor, 4),
                              "runs_s": {k: [round(x, 4) for x in v] for k, v in times.items()}})
                 x = rows[-1]

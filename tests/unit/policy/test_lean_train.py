@@ -116,6 +116,7 @@ def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    counters.clear()  # reset() leaves the counters: another test's graphs (the compiled decode step) would count
     ids, mask, group = _batch(len(policy.tokenizer))
     eager = _run(policy, "eager", True, ids, mask, group)
     compiled = _run(policy, "compile", True, ids, mask, group)

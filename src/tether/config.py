@@ -108,7 +108,7 @@ class RolloutConfig(_Base):
     compile: bool = Field(
         False, description="torch.compile the lean decode step (tether.policy.decode; Llama-family models): the "
                            "element-wise work of every layer fused, one graph for every step; the first generation "
-                           "pays the compilation (~30-40 s on a 2-core CPU, a few s from inductor's on-disk cache)")
+                           "pays the compilation (25-28 s on a 2-core CPU in a fresh inductor cache, less from a warm one)")
     on_drift: Literal["count", "fail"] = Field(
         "count", description="multi-turn: a context that does not extend the previous one is counted or fails"
     )

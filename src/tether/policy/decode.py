@@ -266,8 +266,8 @@ _COMPILED: dict = {}
 def compiled_step():
     """`step_math` through torch.compile (inductor), made once per process: the element-wise work
     of every layer (norms, rotary, casts, softmax, SiLU x up, residuals) fused into generated
-    kernels, the matmuls left to PyTorch's. The first call compiles (tens of seconds on a 2-core
-    CPU, a few seconds from inductor's on-disk cache); docs/performance.md has the measurements."""
+    kernels, the matmuls left to PyTorch's. The first call compiles (25-28 s on a 2-core CPU in a
+    fresh inductor cache, less from a warm one); docs/performance.md has the measurements."""
     fn = _COMPILED.get("step")
     if fn is None:
         fn = _COMPILED["step"] = torch.compile(step_math, dynamic=None)

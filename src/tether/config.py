@@ -105,10 +105,11 @@ class RolloutConfig(_Base):
     sampling: SamplingConfig = SamplingConfig()
     max_prompt_tokens: int = Field(256, gt=0)
     batch_size: int = Field(256, gt=0, description="sequences generated together")
-    compile: bool = Field(
-        False, description="torch.compile the lean decode step (tether.policy.decode; Llama-family models): the "
-                           "element-wise work of every layer fused, one graph for every step; the first generation "
-                           "pays the compilation (25-28 s on a 2-core CPU in a fresh inductor cache, less from a warm one)")
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile the lean decode step (tether.policy.decode; Llama-family models): the "
+                            "element-wise work of every layer fused, one graph for every step; the first generation "
+                            "pays the compilation (25-28 s on a 2-core CPU in a fresh inductor cache, less from a warm "
+                            "one). auto: in RL runs long enough to pay it back (tether.hardware.choose_compile)")
     on_drift: Literal["count", "fail"] = Field(
         "count", description="multi-turn: a context that does not extend the previous one is counted or fails"
     )
@@ -220,10 +221,11 @@ class TrainConfig(_Base):
     pack_sequences: bool = Field(True, description="pack sequences into rows for scoring/training (same result, no padding compute)")
     share_prefix: Literal["auto", "on", "off"] = Field(
         "auto", description="compute a group's shared prefix once (MiniMax Forge); auto: when that runs fewer token positions")
-    compile: bool = Field(
-        False, description="torch.compile the shared-prefix training forward (tether.policy.lean_train; Llama-family "
-                           "models on a CPU): all layers in one graph with fused element-wise kernels, reused for "
-                           "every batch; the first step pays the compilation (~11 s for the 3.2M model on a 2-core CPU)")
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile the shared-prefix training forward (tether.policy.lean_train; Llama-family "
+                            "models on a CPU): all layers in one graph with fused element-wise kernels, reused for "
+                            "every batch; the first step pays the compilation (~11 s for the 3.2M model on a 2-core "
+                            "CPU). auto: in RL runs long enough to pay it back (tether.hardware.choose_compile)")
 
 
 class SFTConfig(_Base):

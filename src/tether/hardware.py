@@ -153,6 +153,50 @@ def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> d
             "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}
 
 
+# Measured on the native-bf16 AMD EPYCs of 2026-11-30 and 2026-12-02 (docs/performance.md, "Compile
+# when it pays"): compiling the training forward and the decode step under bf16 autocast saved
+# ~1e-11 s per (parameter x token) of a step on the 3.2M and 25.4M benchmark models (0.15 s and ~1 s
+# per step); both compilations cost 36-48 s in a fresh inductor cache (25-28 s the decode step,
+# 11-20 s the training forward), less from a warm one. In fp32 the gain is small (decode 0.91-0.98)
+# or negative (the training forward on the AVX2 EPYC's large model), so `auto` leaves fp32 eager.
+COMPILE_SAVING_S_PER_PARAM_TOKEN = 1e-11
+COMPILE_COST_S = 60.0  # the two cold compilations, with a margin
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    train: bool
+    rollout: bool
+    reason: str
+
+
+def choose_compile(train: bool | str, rollout: bool | str, *, autocast_bf16: bool, device: str, params: int,
+                   tokens_per_step: int, steps: int, supported: tuple[bool, bool] = (True, True)) -> CompileChoice:
+    """Resolve `train.compile` and `rollout.compile` (true | false | "auto"). An explicit setting wins.
+    `auto` compiles (both, where `supported`) when the run is long enough for the compilation to
+    pay: bf16 autocast on a CPU and an estimated saving of COMPILE_SAVING_S_PER_PARAM_TOKEN x
+    params x tokens per step x steps of at least COMPILE_COST_S. A rule of the config and the model
+    only, never of timings: two runs of one config make the same choice (and round alike)."""
+    for key, v in (("train.compile", train), ("rollout.compile", rollout)):
+        if not isinstance(v, bool) and v != "auto":
+            raise ValueError(f"{key}: expected true, false or auto, got {v!r}")
+    saving = COMPILE_SAVING_S_PER_PARAM_TOKEN * params * tokens_per_step * steps
+    if not autocast_bf16:
+        why, on = "fp32: compiling gains little or nothing measured", False
+    elif not str(device).startswith("cpu"):
+        why, on = f"device {device}: the compiled paths are measured on CPUs only", False
+    else:
+        on = saving >= COMPILE_COST_S
+        why = (f"~{saving:.0f} s saved over {steps} steps (est.: {params / 1e6:.1f}M parameters x {tokens_per_step} tokens "
+               f"per step) {'>=' if on else '<'} ~{COMPILE_COST_S:.0f} s to compile")
+    t = train if isinstance(train, bool) else on and supported[0]
+    r = rollout if isinstance(rollout, bool) else on and supported[1]
+    explicit = [k for k, v in (("train.compile", train), ("rollout.compile", rollout)) if isinstance(v, bool)]
+    reason = (f"auto: {why}" if len(explicit) < 2 else "") + (
+        ("; " if len(explicit) < 2 else "") + ", ".join(f"{k} set explicitly" for k in explicit) if explicit else "")
+    return CompileChoice(bool(t), bool(r), reason)
+
+
 def runnable_others(samples: int = 5, interval: float = 0.05) -> float | None:
     """Processes other than this one that are runnable right now (the mean of `samples` reads of
     /proc/loadavg's running count, which includes the reader); None where there is no /proc."""

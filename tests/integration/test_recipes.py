@@ -46,6 +46,8 @@ def test_rl_learns_a_length_reward(tmp_path):
     assert summary["steps"] == 12 and summary["nonfinite_steps"] == 0
     assert 0 < summary["cpu_seconds"] < 50 * summary["wall_seconds"]
     assert json.loads((tmp_path / "rl" / "summary.json").read_text())["precision"]["reason"]  # tether.hardware
+    assert summary["compile"] == {"train": False, "rollout": False, "reason": summary["compile"]["reason"]}
+    assert summary["compile"]["reason"].startswith("auto: ")  # a tiny, short run: auto leaves both eager
     assert list((tmp_path / "rl" / "samples").glob("step_*.jsonl.gz"))
     assert list((tmp_path / "rl" / "plots").glob("*.png"))
 

@@ -159,3 +159,33 @@ def test_isa_caps_make_the_effective_cpu_avx2(monkeypatch, tmp_path, env, value,
             assert "ISA capped by" in hardware.choose_precision("auto", "cpu").reason
     finally:
         hardware.cpu_info.cache_clear()
+
+
+def test_compile_auto_compiles_long_bf16_cpu_runs_only():
+    # train.compile / rollout.compile = auto: on only where it was measured to pay (bf16 autocast on a
+    # CPU) and when the estimated saving over the run reaches the compilation's cost; a rule of the
+    # config and the model, so two runs of one config choose alike.
+    big = dict(autocast_bf16=True, device="cpu", params=25_400_000, tokens_per_step=4096)
+    on = hardware.choose_compile("auto", "auto", steps=80, **big)
+    assert (on.train, on.rollout) == (True, True) and "83 s saved over 80 steps" in on.reason
+    short = hardware.choose_compile("auto", "auto", steps=20, **big)
+    assert (short.train, short.rollout) == (False, False) and "< ~60 s" in short.reason
+    small = hardware.choose_compile("auto", "auto", steps=80, **dict(big, params=3_230_000))
+    assert not small.train and not small.rollout  # the benchmark's 3.2M model: ~11 s saved over 80 steps
+    assert hardware.choose_compile("auto", "auto", steps=10**6, **dict(big, autocast_bf16=False)).reason.startswith("auto: fp32")
+    assert not hardware.choose_compile("auto", "auto", steps=10**6, **dict(big, device="cuda:0")).train
+    partial = hardware.choose_compile("auto", "auto", steps=80, supported=(False, True), **big)
+    assert (partial.train, partial.rollout) == (False, True)  # a model the compiled training forward does not take
+    explicit = hardware.choose_compile(True, False, steps=1, **dict(big, autocast_bf16=False))
+    assert (explicit.train, explicit.rollout) == (True, False) and "set explicitly" in explicit.reason
+    with pytest.raises(ValueError, match="rollout.compile"):
+        hardware.choose_compile("auto", "sometimes", steps=1, **big)
+
+
+def test_compile_settings_accept_auto_and_booleans():
+    from tether.config import ConfigError, load_config
+
+    assert load_config(None, []).train.compile == "auto" and load_config(None, []).rollout.compile == "auto"
+    assert load_config(None, ["train.compile=true", "rollout.compile=false"]).rollout.compile is False
+    with pytest.raises(ConfigError, match="rollout.compile"):
+        load_config(None, ["rollout.compile=maybe"])

@@ -31,6 +31,8 @@ Tests: tests/unit/policy/test_fast_paths.py (logits equal to transformers' forwa
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -219,10 +221,17 @@ class LeanDecoder:
         torch._dynamo.maybe_mark_dynamic(bias, 3)
         layers = tuple((p["ln1"], p["eps1"], p["qkv"], p["qkv_b"], p["o"], p["o_b"], p["ln2"], p["eps2"],
                         p["gate_up"], p["down"]) for p in self.layers)
-        with torch.autocast(tok_B.device.type, enabled=False):
-            logits, new_k, new_v = compiled_step()(
-                x, cos, sin, bias, tuple(self.k), tuple(self.v), layers, (self.norm_w, self.eps),
+        args = (x, cos, sin, bias, tuple(self.k), tuple(self.v), layers, (self.norm_w, self.eps),
                 (self.head_w, self.head_b, self.softcap), (self.heads, self.kv_heads, self.head_dim, self.scale))
+        with torch.autocast(tok_B.device.type, enabled=False):
+            try:
+                logits, new_k, new_v = compiled_step()(*args)
+            except Exception as e:  # a compiler failure must not end the run: the same math, eager
+                _COMPILED["failed"] = f"{type(e).__name__}: {str(e)[:300]}"
+                warnings.warn(f"rollout.compile: compiling the decode step failed ({_COMPILED['failed']}); "
+                              "this process decodes eagerly from now on", stacklevel=2)
+                self.compiled = False
+                logits, new_k, new_v = step_math(*args)
         for i in range(len(self.layers)):
             self.k[i][:, :, n] = new_k[i]
             self.v[i][:, :, n] = new_v[i]
@@ -282,6 +291,7 @@ def make_lean_decoder(policy, batch: int, capacity: int, cache, rows: torch.Tens
         return None
     if not all(getattr(layer, "keys", None) is not None for layer in getattr(cache, "layers", [])):
         return None
-    lean = LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16, compiled=policy.compile_decode)
+    compiled = policy.compile_decode and "failed" not in _COMPILED
+    lean = LeanDecoder(policy.model, batch, capacity, policy.autocast_bf16, compiled=compiled)
     lean.load_prefill(cache, rows)
     return lean

@@ -30,6 +30,7 @@ and test_prefix_sharing.py.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -288,8 +289,18 @@ class LeanShared:
                     for layer in layers)
         buckets = [tuple(t.to(dev) for t in b) for b in layout.buckets]
         norm = self.inner.norm
-        h = self.stack_fn(x, weights, cos, sin, buckets, layout.inv.to(dev), self.heads, self.kv_heads, eps,
-                          norm.weight, norm.variance_epsilon, self.bf16)
+        args = (x, weights, cos, sin, buckets, layout.inv.to(dev), self.heads, self.kv_heads, eps,
+                norm.weight, norm.variance_epsilon, self.bf16)
+        if self.compiled and "failed" not in _COMPILED:
+            try:
+                h = self.stack_fn(*args)
+            except Exception as e:  # a compiler failure must not end the run: the same math, eager
+                _COMPILED["failed"] = f"{type(e).__name__}: {str(e)[:300]}"
+                warnings.warn(f"train.compile: compiling the training forward failed ({_COMPILED['failed']}); "
+                              "this process trains eagerly from now on", stacklevel=2)
+                h = stack_forward(*args)
+        else:
+            h = stack_forward(*args)
         return torch.cat([h, h.new_zeros((1, h.shape[1]))])
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from tether import hardware
 from tether.algos import ADVANTAGES, AdaptiveKLController, AdvantageInputs, compute_advantages, compute_kl_in_reward
 from tether.batching import build_records, pad_records
 from tether.config import TetherConfig, dump_config
@@ -56,19 +57,33 @@ from tether.types import TrainBatch, TrajectoryGroup
 from tether.update import UpdateContext, UpdateState, compute_batch_logprobs, run_update
 
 
+def choose_compile_for(cfg: TetherConfig, policy: HFPolicy) -> hardware.CompileChoice:
+    """`train.compile` / `rollout.compile` for this run (tether.hardware.choose_compile), printed."""
+    r = cfg.rollout
+    choice = hardware.choose_compile(
+        cfg.train.compile, r.compile, autocast_bf16=policy.autocast_bf16, device=str(policy.device),
+        params=sum(p.numel() for p in policy.model.parameters()),
+        tokens_per_step=r.n * r.problems_per_step * r.sampling.max_new_tokens, steps=cfg.train.steps,
+        supported=(lean_train.supports(policy.model, policy.device), decode.supports(policy.model)))
+    print(f"[tether] compile: training forward {'on' if choice.train else 'off'}, decode step "
+          f"{'on' if choice.rollout else 'off'} ({choice.reason})", flush=True)
+    return choice
+
+
 class RLState:
     """Everything the loop mutates; checkpointed as a whole."""
 
     def __init__(self, cfg: TetherConfig, policy: HFPolicy, train_problems: list[dict[str, Any]]) -> None:
         a, t = cfg.algo, cfg.train
         self.policy = policy
-        if t.compile:  # tether.policy.lean_train, compiled (Llama-family models on a CPU)
+        self.compile = choose_compile_for(cfg, policy)
+        if self.compile.train:  # tether.policy.lean_train, compiled (Llama-family models on a CPU)
             policy.lean_train = "compile"
             if not lean_train.supports(policy.model, policy.device):
                 warnings.warn("train.compile=true: only Llama-family models on a CPU have the compiled training "
                               "forward (tether.policy.lean_train); this run trains through transformers' forward",
                               stacklevel=2)
-        if cfg.rollout.compile:  # tether.policy.decode's step, compiled
+        if self.compile.rollout:  # tether.policy.decode's step, compiled
             policy.compile_decode = True
             if not decode.supports(policy.model):
                 warnings.warn("rollout.compile=true: only Llama-family models have the compiled decode step "
@@ -290,6 +305,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
         "reward_caps": caps,
         "precision": precision_summary(cfg, policy),
+        "compile": {"train": st.compile.train, "rollout": st.compile.rollout, "reason": st.compile.reason},
     }
     rd.write_summary(summary)
     return summary

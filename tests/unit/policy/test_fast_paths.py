@@ -275,3 +275,23 @@ def test_compiled_decode_step_matches_the_eager_step(policy, tok, monkeypatch):
         lp, _ = compute_logprobs(p16, seq, torch.ones_like(seq, dtype=torch.bool))  # the bf16 trainer's scorer
         worst = max(worst, float((lp.detach()[0, len(s.prompt_ids):] - torch.tensor(s.logprobs)).abs().max()))
     assert worst < 5e-3, worst
+
+
+def test_a_failing_decode_compilation_falls_back_to_the_eager_step(policy, tok, monkeypatch):
+    # rollout.compile (or its auto) must not end a run when the compiler fails: a warning, then the
+    # same math eagerly for the rest of the process.
+    def broken():
+        def fail(*a, **k):
+            raise RuntimeError("inductor exploded")
+        return fail
+
+    monkeypatch.setattr(decode, "compiled_step", broken)
+    monkeypatch.delitem(decode._COMPILED, "failed", raising=False)
+    prompts = [p for p in _prompts(tok, 3) for _ in range(2)]
+    cfg = SamplingConfig(max_new_tokens=10)
+    want = run_generate(policy, prompts, cfg, torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match="compiling the decode step failed.*inductor exploded"):
+        got = run_generate(dataclasses.replace(policy, compile_decode=True), prompts, cfg, torch.Generator().manual_seed(1))
+    assert "failed" in decode._COMPILED
+    assert all(_agree(a, b, 1e-5) for a, b in zip(got, want))
+    monkeypatch.delitem(decode._COMPILED, "failed")

@@ -168,3 +168,21 @@ def test_token_rows_are_rounded_to_a_coarse_grid():
         r = lean_train.padded_rows(n)
         assert n <= r <= n * 1.07
     assert len({lean_train.padded_rows(n) for n in range(3300, 3500)}) <= 3
+
+
+def test_a_failing_training_compilation_falls_back_to_the_eager_forward(policy, monkeypatch):
+    # train.compile (or its auto) must not end a run when the compiler fails: a warning, then the same
+    # forward eagerly (fp32 log-probs, entropies and gradients as the eager mode's, up to the compiled
+    # mode's single suffix bucket summing in another order) for the rest of the process.
+    def fail(*a, **k):
+        raise RuntimeError("inductor exploded")
+
+    monkeypatch.setattr(lean_train, "_compiled_stack", lambda: fail)
+    monkeypatch.delitem(lean_train._COMPILED, "failed", raising=False)
+    ids, mask, group = _batch(len(policy.tokenizer))
+    eager = _run(policy, "eager", False, ids, mask, group)
+    with pytest.warns(UserWarning, match="compiling the training forward failed.*inductor exploded"):
+        fell_back = _run(policy, "compile", False, ids, mask, group)
+    assert "failed" in lean_train._COMPILED
+    _assert_same(eager, fell_back, mask, 1e-5, 1e-5)
+    monkeypatch.delitem(lean_train._COMPILED, "failed")

@@ -133,7 +133,8 @@ def run_tether(spec: dict) -> dict:
         rec["step_faults"] = float(faults)
         rec["positions"] = metrics["train/positions"]
         steps.append(rec)
-    return {"steps": steps, "threads": torch.get_num_threads(), "model": policy.model}
+    return {"steps": steps, "threads": torch.get_num_threads(), "model": policy.model,
+            "compile": {"train": st.compile.train, "rollout": st.compile.rollout, "reason": st.compile.reason}}
 
 
 def _slow_down_update(seconds: float) -> None:

@@ -169,6 +169,8 @@ def summarize_run(run: dict, warmup: int) -> dict:
                   for f, s in zip(floor, steps)]
             out["decode_floor_kv_s"] = _med(kv)
             out["gen_over_decode_floor_kv"] = _med([s["gen_s"] / f for s, f in zip(steps, kv)])
+    if run.get("compile"):  # what train.compile / rollout.compile resolved to (tether)
+        out["compile"] = run["compile"]
     return out
 
 
@@ -178,6 +180,8 @@ def summarize(runs: list[dict], warmup: int) -> dict:
     out = {k: _med([p[k] for p in per]) for k in keys}
     if "matmul_peak_gflops" in per[0]:
         out["matmul_peak_gflops"] = {k: _med([p["matmul_peak_gflops"][k] for p in per]) for k in ("fp32", "bf16")}
+    if per[0].get("compile"):
+        out["compile"] = per[0]["compile"]
     out["runs"] = len(per)
     out["s_per_step_each_run"] = [round(p["s_per_step"], 3) for p in per]
     return out
@@ -337,9 +341,13 @@ def print_curves(lc: dict) -> None:
 # ----------------------------------------------------------------------------- report
 
 
-def _label(name: str, prec: str) -> str:
+def _label(name: str, prec: str, arm: dict | None = None) -> str:
+    """The row's name; tether's defaults say when `auto` compiled them (train.compile / rollout.compile)."""
     fw = "TRL" if name.startswith("trl") else "tether, compiled" if name == "tether_compiled" else \
         "tether, defaults" if name == "tether" else "tether"
+    comp = (arm or {}).get("compile") or {}
+    if name == "tether" and (comp.get("train") or comp.get("rollout")):
+        fw += ", compiled by auto"
     return f"{fw} ({prec})"
 
 
@@ -359,19 +367,19 @@ def table(results: dict) -> str:
             frac = x.get(f"train_frac_of_{p}_peak", float("nan"))
             run_frac = x.get(f"train_run_frac_of_{p}_peak", float("nan"))
             once = " (1 run: slow)" if name in r.get("run_once", {}) else ""
-            lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {_label(name, p)}{once} | {x['s_per_step']:.2f} | "
+            lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {_label(name, p, x)}{once} | {x['s_per_step']:.2f} | "
                          f"{x['rollout_tokens_per_s']:.0f} | {x['train_tokens_per_s']:.0f} | {x['peak_rss_mb']:.0f} | "
                          f"{frac:.2f} of {p} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x"
                          f"{kv_floor(x)} |")
         tb, lb = r["tether_best"], r["trl_best"]
-        lines.append(f"| {size} | **tether-best {_label(tb, prec[tb])} / TRL-best {_label(lb, prec[lb])}** | "
+        lines.append(f"| {size} | **tether-best {_label(tb, prec[tb], r[tb])} / TRL-best {_label(lb, prec[lb])}** | "
                      f"**{r['s_per_step_ratio_best']:.2f}** | | | **{r['peak_rss_ratio_best']:.2f}** | | |")
         if tb != "tether":
-            lines.append(f"| {size} | {_label('tether', prec['tether'])} / TRL-best {_label(lb, prec[lb])} | "
+            lines.append(f"| {size} | {_label('tether', prec['tether'], r['tether'])} / TRL-best {_label(lb, prec[lb])} | "
                          f"{r['s_per_step_ratio']:.2f} | {r['rollout_tokens_per_s_ratio']:.2f} | "
                          f"{r['train_tokens_per_s_ratio']:.2f} | {r['peak_rss_ratio']:.2f} | | |")
         for p, pair in r["same_precision"].items():
-            lines.append(f"| {size} | same precision: {_label(pair['arms'][0], p)} / TRL ({p}) | "
+            lines.append(f"| {size} | same precision: {_label(pair['arms'][0], p, r[pair['arms'][0]])} / TRL ({p}) | "
                          f"{pair['s_per_step_ratio']:.2f} | | | {pair['peak_rss_ratio']:.2f} | | |")
     return "\n".join(lines)
 

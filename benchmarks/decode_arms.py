@@ -34,7 +34,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-WORDS = ["abcdefg", "hgfedcb", "cabbage", "deadbeef", "faced", "bad", "accede", "egg"]
 
 
 def main(argv=None) -> dict:
@@ -48,7 +47,7 @@ def main(argv=None) -> dict:
     import torch
 
     from bench_workers import measure_decode_floor
-    from gen_speed import append_entry
+    from gen_speed import append_entry, benchmark_prompts
     from tether.config import SamplingConfig
     from tether.policy import sampling
     from tether.policy.hf import load_policy, run_generate
@@ -63,7 +62,7 @@ def main(argv=None) -> dict:
                 if a.stop_every:
                     pol = dataclasses.replace(pol, stop_ids=tuple(sorted(set(pol.stop_ids) | set(
                         range(0, pol.model.config.vocab_size, a.stop_every)))))
-                prompts = [pol.tokenizer.encode("reverse the word: " + w) for w in WORDS for _ in range(8)]
+                prompts = benchmark_prompts(pol.tokenizer)
                 cfg = SamplingConfig(max_new_tokens=64)
                 arms = {"eager": (share, pol), "eager_all_rows": (0.0, pol),
                         "compiled": (share, dataclasses.replace(pol, compile_decode=True))}

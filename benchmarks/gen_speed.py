@@ -31,6 +31,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 WORDS = ["abcdefg", "hgfedcb", "cabbage", "deadbeef", "faced", "bad", "accede", "egg"]
 
 
+def benchmark_prompts(tokenizer) -> list[list[int]]:
+    """The vs_trl benchmark batch's prompts: 8 words x 8 samples each."""
+    return [tokenizer.encode("reverse the word: " + w) for w in WORDS for _ in range(8)]
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="small,large")
@@ -54,7 +59,7 @@ def main(argv=None) -> dict:
             model_dir = build_model_dir(size, Path(tmp) / size)
             for prec in a.precisions.split(","):
                 pol = load_policy(model_dir, autocast_bf16=prec == "bf16")
-                prompts = [pol.tokenizer.encode("reverse the word: " + w) for w in WORDS for _ in range(8)]
+                prompts = benchmark_prompts(pol.tokenizer)
                 cfg, times, g = SamplingConfig(max_new_tokens=64), [], torch.Generator().manual_seed(0)
                 for _ in range(a.reps + 1):
                     t0 = time.perf_counter()

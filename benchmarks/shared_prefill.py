@@ -24,7 +24,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-WORDS = ["abcdefg", "hgfedcb", "cabbage", "deadbeef", "faced", "bad", "accede", "egg"]
 
 
 def main(argv=None) -> dict:
@@ -36,7 +35,7 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     import torch
 
-    from gen_speed import append_entry
+    from gen_speed import append_entry, benchmark_prompts
     from tether.config import SamplingConfig
     from tether.policy import sampling
     from tether.policy.hf import load_policy, run_generate
@@ -48,7 +47,7 @@ def main(argv=None) -> dict:
         for size in a.sizes.split(","):
             with tempfile.TemporaryDirectory(prefix="tether-shared-prefill-") as tmp:
                 pol = load_policy(build_model_dir(size, Path(tmp) / size), autocast_bf16=a.precision == "bf16")
-                prompts = [pol.tokenizer.encode("reverse the word: " + w) for w in WORDS for _ in range(8)]
+                prompts = benchmark_prompts(pol.tokenizer)
                 cfg, times = SamplingConfig(max_new_tokens=64), {"shared": [], "per_row": []}
                 for _ in range(a.rounds):
                     for arm in times:

@@ -152,16 +152,13 @@ def _make_decode_cache(model, capacity: int):
     return cache
 
 
-def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None,
-                        uniform_B1: torch.Tensor | None = None) -> torch.Tensor:
+def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row from exp(logp_BV): the first token whose cumulative probability exceeds
     u ~ U[0, total). One uniform per row instead of multinomial's one exponential per vocabulary
     entry (the largest per-token sampling cost on CPU); float64 so that rounding never selects a
-    zero-probability (filtered) token. `uniform_B1`: the rows' U[0, 1) draws, when the caller drew them."""
+    zero-probability (filtered) token."""
     cdf = logp_BV.double().exp().cumsum(-1)
-    if uniform_B1 is None:
-        uniform_B1 = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device)
-    u = uniform_B1 * cdf[:, -1:]
+    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return torch.where(tok < cdf.shape[-1], tok, logp_BV.argmax(-1))  # u rounded up to the total: the mode
 
@@ -246,10 +243,7 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
             if compact and (left := int(B - finished.sum())) < lean.batch and left <= _COMPACT * lean.batch:
                 if live is None:
                     live, all_logits = torch.arange(B, device=dev), logits.clone()
-                keep = (~finished[live]).nonzero().squeeze(1)  # among the decoder's current rows
-                lean.keep_rows(keep)
-                live = live[keep]
-                live_bias = key_bias.index_select(0, live)
+                live, live_bias = _drop_finished(lean, live, finished, key_bias)
             if live is None:
                 logits = lean.step(tok, next_pos[:, 0], key_bias)
             else:
@@ -260,6 +254,14 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
         next_pos = next_pos + 1
     return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
                        kept.cpu() if kept is not None else None, switches)
+
+
+def _drop_finished(lean, live: torch.Tensor, finished: torch.Tensor, key_bias: torch.Tensor):
+    """Keep only the unfinished rows in the lean decoder: (the batch rows it now decodes, their key bias)."""
+    keep = (~finished[live]).nonzero().squeeze(1)  # among the decoder's current rows
+    lean.keep_rows(keep)
+    live = live[keep]
+    return live, key_bias.index_select(0, live)
 
 
 def _distinct_prompts(prompts, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:

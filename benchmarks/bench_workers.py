@@ -104,12 +104,11 @@ def _step_record(step_s, gen_s, prompts, completions, reward) -> dict:
 # ----------------------------------------------------------------------------- tether
 
 
-def run_tether(spec: dict) -> dict:
-    import torch
-
+def tether_state(spec: dict):
+    """(config, tether.recipes.rl.RLState) of a benchmark spec: seeded, the policy loaded in train mode."""
     from tether.policy.hf import load_policy
     from tether.recipes.common import seed_everything, setup_problems
-    from tether.recipes.rl import RLState, run_rl_step
+    from tether.recipes.rl import RLState
 
     cfg = load_cfg(spec)
     seed_everything(cfg.run.seed, False, cfg.run.threads, cfg.run.retain_memory)
@@ -117,7 +116,16 @@ def run_tether(spec: dict) -> dict:
     m = cfg.model
     policy = load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
     policy.model.train()
-    st = RLState(cfg, policy, train)
+    return cfg, RLState(cfg, policy, train)
+
+
+def run_tether(spec: dict) -> dict:
+    import torch
+
+    from tether.recipes.rl import run_rl_step
+
+    cfg, st = tether_state(spec)
+    policy = st.policy
     if spec.get("slowdown_s"):  # bench_quick.py --slowdown: a deliberately slowed build, to show the guard fail
         _slow_down_update(spec["slowdown_s"])
     steps = []

@@ -27,7 +27,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,59 +46,54 @@ def main(argv=None) -> dict:
     import torch
 
     from bench_workers import measure_decode_floor
-    from gen_speed import append_entry, benchmark_prompts
+    from gen_speed import append_entry, benchmark_policies
     from tether.config import SamplingConfig
     from tether.policy import sampling
-    from tether.policy.hf import load_policy, run_generate
-    from vs_trl import build_model_dir
+    from tether.policy.hf import run_generate
 
-    torch.set_num_threads(1)
     share, rows = sampling._COMPACT, []
     try:
-        for size in a.sizes.split(","):
-            with tempfile.TemporaryDirectory(prefix="tether-decode-arms-") as tmp:
-                pol = load_policy(build_model_dir(size, Path(tmp) / size), autocast_bf16=a.precision == "bf16")
-                if a.stop_every:
-                    pol = dataclasses.replace(pol, stop_ids=tuple(sorted(set(pol.stop_ids) | set(
-                        range(0, pol.model.config.vocab_size, a.stop_every)))))
-                prompts = benchmark_prompts(pol.tokenizer)
-                cfg = SamplingConfig(max_new_tokens=64)
-                arms = {"eager": (share, pol), "eager_all_rows": (0.0, pol),
-                        "compiled": (share, dataclasses.replace(pol, compile_decode=True))}
-                times: dict[str, list[float]] = {k: [] for k in arms}
-                tokens, lengths, same, first_compile = {}, [], [], None
-                for r in range(a.rounds + 1):
-                    for arm, (compact, policy) in arms.items():
-                        sampling._COMPACT = compact
-                        t0 = time.perf_counter()
-                        out = run_generate(policy, prompts, cfg, torch.Generator().manual_seed(r))
-                        dt = time.perf_counter() - t0
-                        if arm == "compiled" and first_compile is None:
-                            first_compile = dt  # the compilation; not a round
-                            continue
-                        times[arm].append(dt)
-                        tokens[arm] = [s.token_ids for s in out]
-                        if arm == "eager":
-                            lengths.append(sum(len(s.token_ids) for s in out) / len(out))
-                    same.append(sum(x == y for x, y in zip(tokens["eager"], tokens["eager_all_rows"])) / len(prompts))
-                med = {k: statistics.median(v[1:]) for k, v in times.items()}
-                steps = 64
-                floor = measure_decode_floor(pol.model, len(prompts), a.precision == "bf16") * steps
-                rows.append({"size": size, "precision": a.precision, "stop_every": a.stop_every,
-                             "mean_completion_tokens": round(statistics.mean(lengths), 1),
-                             **{f"{k}_s": round(v, 4) for k, v in med.items()},
-                             "all_rows_over_eager": round(med["eager_all_rows"] / med["eager"], 3),
-                             "rows_identical_to_all_rows": round(statistics.mean(same), 3),
-                             "compiled_over_eager": round(med["compiled"] / med["eager"], 3),
-                             "compile_first_call_s": round(first_compile, 2),
-                             "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default"),
-                             "weight_floor_64_steps_s": round(floor, 4),
-                             "runs_s": {k: [round(x, 4) for x in v] for k, v in times.items()}})
-                x = rows[-1]
-                print(f"[decode-arms] {size} {a.precision} (mean completion {x['mean_completion_tokens']} tokens): "
-                      f"eager {med['eager']:.3f} s, all rows {med['eager_all_rows']:.3f} s, compiled "
-                      f"{med['compiled']:.3f} s (first call {first_compile:.1f} s); weight floor of 64 steps "
-                      f"{floor:.3f} s", flush=True)
+        for size, pol, prompts in benchmark_policies(a.sizes, a.precision, "tether-decode-arms-"):
+            if a.stop_every:
+                pol = dataclasses.replace(pol, stop_ids=tuple(sorted(set(pol.stop_ids) | set(
+                    range(0, pol.model.config.vocab_size, a.stop_every)))))
+            cfg = SamplingConfig(max_new_tokens=64)
+            arms = {"eager": (share, pol), "eager_all_rows": (0.0, pol),
+                    "compiled": (share, dataclasses.replace(pol, compile_decode=True))}
+            times: dict[str, list[float]] = {k: [] for k in arms}
+            tokens, lengths, same, first_compile = {}, [], [], None
+            for r in range(a.rounds + 1):
+                for arm, (compact, policy) in arms.items():
+                    sampling._COMPACT = compact
+                    t0 = time.perf_counter()
+                    out = run_generate(policy, prompts, cfg, torch.Generator().manual_seed(r))
+                    dt = time.perf_counter() - t0
+                    if arm == "compiled" and first_compile is None:
+                        first_compile = dt  # the compilation; not a round
+                        continue
+                    times[arm].append(dt)
+                    tokens[arm] = [s.token_ids for s in out]
+                    if arm == "eager":
+                        lengths.append(sum(len(s.token_ids) for s in out) / len(out))
+                same.append(sum(x == y for x, y in zip(tokens["eager"], tokens["eager_all_rows"])) / len(prompts))
+            med = {k: statistics.median(v[1:]) for k, v in times.items()}
+            steps = 64
+            floor = measure_decode_floor(pol.model, len(prompts), a.precision == "bf16") * steps
+            rows.append({"size": size, "precision": a.precision, "stop_every": a.stop_every,
+                         "mean_completion_tokens": round(statistics.mean(lengths), 1),
+                         **{f"{k}_s": round(v, 4) for k, v in med.items()},
+                         "all_rows_over_eager": round(med["eager_all_rows"] / med["eager"], 3),
+                         "rows_identical_to_all_rows": round(statistics.mean(same), 3),
+                         "compiled_over_eager": round(med["compiled"] / med["eager"], 3),
+                         "compile_first_call_s": round(first_compile, 2),
+                         "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default"),
+                         "weight_floor_64_steps_s": round(floor, 4),
+                         "runs_s": {k: [round(x, 4) for x in v] for k, v in times.items()}})
+            x = rows[-1]
+            print(f"[decode-arms] {size} {a.precision} (mean completion {x['mean_completion_tokens']} tokens): "
+                  f"eager {med['eager']:.3f} s, all rows {med['eager_all_rows']:.3f} s, compiled "
+                  f"{med['compiled']:.3f} s (first call {first_compile:.1f} s); weight floor of 64 steps "
+                  f"{floor:.3f} s", flush=True)
     finally:
         sampling._COMPACT = share
     return append_entry(a.out, rows)

@@ -36,6 +36,22 @@ def benchmark_prompts(tokenizer) -> list[list[int]]:
     return [tokenizer.encode("reverse the word: " + w) for w in WORDS for _ in range(8)]
 
 
+def benchmark_policies(sizes: str, precision: str, prefix: str):
+    """(size, policy, prompts) for each comma-separated size: the vs_trl.py model built in a
+    temporary directory (removed after its turn), loaded at `precision`, with the benchmark batch's
+    prompts; one torch thread."""
+    import torch
+
+    from tether.policy.hf import load_policy
+    from vs_trl import build_model_dir
+
+    torch.set_num_threads(1)
+    for size in sizes.split(","):
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            pol = load_policy(build_model_dir(size, Path(tmp) / size), autocast_bf16=precision == "bf16")
+            yield size, pol, benchmark_prompts(pol.tokenizer)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="small,large")

@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,33 +34,28 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     import torch
 
-    from gen_speed import append_entry, benchmark_prompts
+    from gen_speed import append_entry, benchmark_policies
     from tether.config import SamplingConfig
     from tether.policy import sampling
-    from tether.policy.hf import load_policy, run_generate
-    from vs_trl import build_model_dir
+    from tether.policy.hf import run_generate
 
-    torch.set_num_threads(1)
     real, rows = sampling._distinct_prompts, []
     try:
-        for size in a.sizes.split(","):
-            with tempfile.TemporaryDirectory(prefix="tether-shared-prefill-") as tmp:
-                pol = load_policy(build_model_dir(size, Path(tmp) / size), autocast_bf16=a.precision == "bf16")
-                prompts = benchmark_prompts(pol.tokenizer)
-                cfg, times = SamplingConfig(max_new_tokens=64), {"shared": [], "per_row": []}
-                for _ in range(a.rounds):
-                    for arm in times:
-                        sampling._distinct_prompts = real if arm == "shared" else (lambda ps, dev: (None, None))
-                        g = torch.Generator().manual_seed(0)
-                        t0 = time.perf_counter()
-                        run_generate(pol, prompts, cfg, g)
-                        times[arm].append(time.perf_counter() - t0)
-                med = {k: statistics.median(v[1:]) for k, v in times.items()}
-                rows.append({"size": size, "precision": a.precision, "shared_s": round(med["shared"], 4),
-                             "per_row_s": round(med["per_row"], 4), "ratio": round(med["shared"] / med["per_row"], 3),
-                             "runs_s": {k: [round(x, 4) for x in v] for k, v in times.items()}})
-                print(f"[shared-prefill] {size} {a.precision}: {med['shared']:.3f} s shared vs {med['per_row']:.3f} s "
-                      f"per row ({rows[-1]['ratio']:.2f}x)", flush=True)
+        for size, pol, prompts in benchmark_policies(a.sizes, a.precision, "tether-shared-prefill-"):
+            cfg, times = SamplingConfig(max_new_tokens=64), {"shared": [], "per_row": []}
+            for _ in range(a.rounds):
+                for arm in times:
+                    sampling._distinct_prompts = real if arm == "shared" else (lambda ps, dev: (None, None))
+                    g = torch.Generator().manual_seed(0)
+                    t0 = time.perf_counter()
+                    run_generate(pol, prompts, cfg, g)
+                    times[arm].append(time.perf_counter() - t0)
+            med = {k: statistics.median(v[1:]) for k, v in times.items()}
+            rows.append({"size": size, "precision": a.precision, "shared_s": round(med["shared"], 4),
+                         "per_row_s": round(med["per_row"], 4), "ratio": round(med["shared"] / med["per_row"], 3),
+                         "runs_s": {k: [round(x, 4) for x in v] for k, v in times.items()}})
+            print(f"[shared-prefill] {size} {a.precision}: {med['shared']:.3f} s shared vs {med['per_row']:.3f} s "
+                  f"per row ({rows[-1]['ratio']:.2f}x)", flush=True)
     finally:
         sampling._distinct_prompts = real
     return append_entry(a.out, rows)

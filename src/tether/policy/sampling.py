@@ -215,18 +215,7 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
         if live is not None:  # the decoder's rows into the whole batch (finished rows keep stale, finite logits)
             all_logits[live] = logits
             logits = all_logits
-        if greedy:
-            logp_V = torch.log_softmax(logits, -1)
-            tok = logits.argmax(-1)
-        else:
-            if sampling.temperature != 1.0:
-                logits = logits / sampling.temperature
-            if filtered:
-                logits = _filter_logits(logits, sampling.top_k, sampling.top_p, sampling.min_p)
-                if kept is not None:
-                    kept[:, t] = torch.isfinite(logits).sum(-1)
-            logp_V = torch.log_softmax(logits, -1)
-            tok = _sample_inverse_cdf(logp_V, generator)
+        tok, logp_V = _draw(logits, sampling, greedy, filtered, generator, None if kept is None else kept[:, t])
         tok = torch.where(finished, pad, tok)
         tokens[:, t] = tok
         logps[:, t] = logp_V.gather(-1, tok[:, None]).squeeze(-1)
@@ -254,6 +243,22 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
         next_pos = next_pos + 1
     return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
                        kept.cpu() if kept is not None else None, switches)
+
+
+def _draw(logits: torch.Tensor, sampling, greedy: bool, filtered: bool, generator, kept_B: torch.Tensor | None):
+    """One token per row from fp32 logits [B, V] -> (tokens [B], log-probs over the vocabulary [B, V]) at
+    the sampling temperature, after top-k/top-p/min-p filtering when `filtered`; `kept_B` (a column of
+    the sampling-mask record, or None) receives how many tokens each row's filter kept."""
+    if greedy:
+        return logits.argmax(-1), torch.log_softmax(logits, -1)
+    if sampling.temperature != 1.0:
+        logits = logits / sampling.temperature
+    if filtered:
+        logits = _filter_logits(logits, sampling.top_k, sampling.top_p, sampling.min_p)
+        if kept_B is not None:
+            kept_B.copy_(torch.isfinite(logits).sum(-1))
+    logp_V = torch.log_softmax(logits, -1)
+    return _sample_inverse_cdf(logp_V, generator), logp_V
 
 
 def _drop_finished(lean, live: torch.Tensor, finished: torch.Tensor, key_bias: torch.Tensor):

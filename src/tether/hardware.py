@@ -144,12 +144,17 @@ def resolve_autocast(setting: bool | str, device: str | Any = "cpu") -> bool:
 
 def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> dict[str, Any]:
     """What a run's summary.json and a benchmark result record: the setting, the precision used,
-    why, and the CPU (model, class, flags)."""
+    why, the CPU (model, class, flags) and, on a CPU, the linear layers' kernels (tether.policy.cpu_gemm)."""
     choice = choose_precision(setting, device)
     reason = choice.reason if choice.autocast_bf16 == autocast_bf16 else "inherited from the policy passed in"
     info = cpu_info()
+    gemm = {}
+    if str(device).startswith("cpu"):
+        from tether.policy import cpu_gemm
+
+        gemm = {"cpu_linear": cpu_gemm.backend(), "cpu_linear_reason": cpu_gemm.reason()}
     return {"setting": setting, "autocast_bf16": bool(autocast_bf16), "precision": "bf16" if autocast_bf16 else "fp32",
-            "reason": reason, "device": device, "cpu": info["model"], "cpu_class": cpu_class(info),
+            "reason": reason, "device": device, **gemm, "cpu": info["model"], "cpu_class": cpu_class(info),
             "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tether.policy import decode
+from tether.policy import cpu_gemm, decode
 from tether.policy.attention import EAGER_MAX_SCORES, _repeat_kv
 from tether.policy.decode import rms_norm
 from tether.policy.hf import is_checkpointing
@@ -150,9 +150,9 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
     N = x.shape[0]
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         h = rms_norm(x, ln1, eps1)
-        q = F.linear(h, wq, bq).view(N, heads, -1)
-        k = F.linear(h, wk, bk).view(N, kv_heads, -1)
-        v = F.linear(h, wv, bv).view(N, kv_heads, -1)
+        q = cpu_gemm.linear(h, wq, bq).view(N, heads, -1)
+        k = cpu_gemm.linear(h, wk, bk).view(N, kv_heads, -1)
+        v = cpu_gemm.linear(h, wv, bv).view(N, kv_heads, -1)
         q, k = _rope(q.float(), cos, sin), _rope(k.float(), cos, sin)
         if bf16:  # the bf16 the score matmul would round them to, gathered at half the bytes
             q, k = q.to(torch.bfloat16), k.to(torch.bfloat16)
@@ -163,9 +163,9 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
                         _take(v, k_idx).transpose(1, 2), keep, heads // kv_heads)
             outs.append(o.transpose(1, 2).reshape(-1, q.shape[1] * q.shape[2]))
         o = _take(torch.cat([*outs, outs[0].new_zeros((1, outs[0].shape[1]))]), inv)
-        x = x + F.linear(o, wo).float()
+        x = x + cpu_gemm.linear(o, wo).float()
         h = rms_norm(x, ln2, eps2)
-        x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd).float()
+        x = x + cpu_gemm.linear(F.silu(cpu_gemm.linear(h, wg)) * cpu_gemm.linear(h, wu), wd).float()
     return x
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tether.policy import cpu_gemm
 from tether.policy.base import HFPolicy
 
 
@@ -35,12 +36,15 @@ def _backbone_and_head(model: torch.nn.Module):
 
 
 def fp32_head_logits(h_BH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
-                     softcap: float | None) -> torch.Tensor:
+                     softcap: float | None, packed: bool = False) -> torch.Tensor:
     """The LM head in fp32 whatever autocast says (ScaleRL: FP32 logits matter). The trainer's
     scorer and the sampler both use this, so the log-probs the sampler records and the ones the
-    trainer recomputes differ only by the backbone's own rounding."""
+    trainer recomputes differ only by the backbone's own rounding. On a CPU through oneDNN
+    (tether.policy.cpu_gemm.linear); `packed`: an fp32 weight from `cpu_gemm.pack` (the decoder's)."""
     with torch.autocast(h_BH.device.type, enabled=False):
-        logits = F.linear(h_BH.float(), weight_VH.float(), None if bias_V is None else bias_V.float())
+        b = None if bias_V is None else bias_V.float()
+        logits = (cpu_gemm.packed_linear(h_BH.float(), weight_VH, b) if packed
+                  else cpu_gemm.linear(h_BH.float(), weight_VH.float(), b))
     return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 

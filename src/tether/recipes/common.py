@@ -117,6 +117,10 @@ def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]
         enable_checkpointing(policy.model)
     print(f"[tether] precision: {'bf16 autocast' if policy.autocast_bf16 else 'fp32'} ("
           f"{choose_precision(m.autocast_bf16, m.device).reason})", flush=True)
+    if str(m.device).startswith("cpu"):
+        from tether.policy import cpu_gemm
+
+        print(f"[tether] CPU linear layers: {cpu_gemm.backend()} ({cpu_gemm.reason()})", flush=True)
     return policy
 
 

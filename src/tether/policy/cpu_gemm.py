@@ -1,0 +1,134 @@
+"""Linear layers on a CPU through oneDNN: fp32 training matmuls, and weights packed once for decoding.
+
+PyTorch sends an fp32 `F.linear` (and `mm`) on a CPU to its BLAS, MKL's sgemm. On the AMD EPYCs
+tether is measured on, MKL runs the shapes of a small model's step well below the machine's fp32
+matmul peak, while oneDNN's inner-product kernel (which PyTorch ships and exposes as
+`torch.ops.mkldnn._linear_pointwise`) runs them at it. `python benchmarks/cpu_gemm.py`
+(benchmarks/results/cpu_gemm.json; one thread) measures both on the benchmark models' shapes.
+
+- `linear(x, w, b)`: an fp32 linear whose forward and input gradient run through oneDNN and whose
+  weight gradient stays on `mm` (there MKL is as fast). Used by the lean training forward in fp32
+  (tether.policy.lean_train) and by the fp32 LM head of both precisions (scoring.fp32_head_logits).
+  Everything else (bf16, autocast, GPUs, non-float inputs) is `F.linear`, unchanged.
+- `pack(w, rows)` / `packed_linear(x, w, b)`: decoding multiplies a few dozen rows by the same
+  weights at every token; oneDNN then spends a good part of each call re-laying the weight out.
+  `pack` does that once per generation call (tether.policy.decode) and hangs the packed copy on the
+  weight tensor; `packed_linear` uses it (a custom op, so that the compiled decode step can call it
+  with the plain tensor as its graph input). bf16 and fp32.
+
+Rounding: oneDNN's fp32 kernels are fp32 arithmetic in another summation order (max error against
+float64 of the same order as MKL's; tests/unit/policy/test_cpu_gemm.py). Whether oneDNN is used is
+a rule of the machine, never of a timing, so two runs on one machine round alike:
+`TETHER_CPU_GEMM=onednn|torch` decides; unset, oneDNN on x86-64 CPUs where PyTorch has it (the
+only CPUs it was measured on), PyTorch's own dispatch (`torch`) elsewhere. The choice is recorded with the precision in
+every run's summary.json (`precision.cpu_linear`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+
+import torch
+import torch.nn.functional as F
+
+ENV = "TETHER_CPU_GEMM"
+_ATTR = "_tether_onednn_packed"
+
+
+@functools.lru_cache(maxsize=None)
+def backend() -> str:
+    """"onednn" or "torch": what fp32 linear layers and the decoder's packed weights use on a CPU."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced and forced not in ("onednn", "torch"):
+        raise ValueError(f"{ENV}={forced!r}: expected onednn or torch (or unset: the machine's default)")
+    have = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if forced == "onednn" and not have:
+        raise ValueError(f"{ENV}=onednn: this PyTorch build has no oneDNN linear kernel; unset it or use torch")
+    if forced:
+        return forced
+    return "onednn" if have and platform.machine().lower() in ("x86_64", "amd64") else "torch"
+
+
+def reason() -> str:
+    if os.environ.get(ENV):
+        return f"{ENV}={os.environ[ENV]}"
+    return ("oneDNN's inner-product kernels on this x86-64 CPU (faster than MKL's sgemm on the measured CPUs: "
+            "benchmarks/cpu_gemm.py)" if backend() == "onednn" else "PyTorch's own kernels (no oneDNN, or not an x86-64 CPU)")
+
+
+def _onednn(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2, w, b, "none", [], "")
+
+
+@torch.library.custom_op("tether::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T + b through oneDNN (x, w, b fp32 on a CPU)."""
+    return _onednn(x.reshape(-1, x.shape[-1]).contiguous(), w.contiguous(), b).view(*x.shape[:-1], w.shape[0])
+
+
+@onednn_linear.register_fake
+def _(x, w, b):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _setup(ctx, inputs, output):
+    x, w, b = inputs
+    ctx.save_for_backward(x, w)
+    ctx.has_bias = b is not None
+
+
+def _backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    g2 = grad.reshape(-1, grad.shape[-1])
+    gx = gw = gb = None
+    if ctx.needs_input_grad[0]:  # grad @ w, as a linear layer with weight w.T (oneDNN: the faster one here)
+        gx = onednn_linear(grad, w.t().contiguous(), None)
+    if ctx.needs_input_grad[1]:  # grad.T @ x: mm, as fast as oneDNN here without the transposed copies
+        gw = g2.t().mm(x.reshape(-1, x.shape[-1]))
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        gb = g2.sum(0)
+    return gx, gw, gb
+
+
+onednn_linear.register_autograd(_backward, setup_context=_setup)
+
+
+def _fp32_cpu(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32 and w.dim() == 2
+            and not torch.is_autocast_enabled("cpu"))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, w, b)`; fp32 on a CPU through oneDNN where `backend()` says so."""
+    if _fp32_cpu(x, w) and (b is None or b.dtype == torch.float32) and backend() == "onednn":
+        return onednn_linear(x, w, b)
+    return F.linear(x, w, b)
+
+
+def pack(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """`w` (bf16 or fp32, on a CPU) carrying a copy laid out for oneDNN's kernel at about `rows`
+    input rows, which `packed_linear` uses. The packed copy is taken now: pack again after `w` changes."""
+    if backend() == "onednn" and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16):
+        w = w.detach()  # a new tensor object: the attribute never lands on a model parameter
+        setattr(w, _ATTR, torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), max(1, rows)))
+    return w
+
+
+@torch.library.custom_op("tether::packed_linear", mutates_args=())
+def _packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    packed = getattr(w, _ATTR, None)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    return _onednn(x2, packed if packed is not None else w.contiguous(), b).view(*x.shape[:-1], w.shape[0])
+
+
+@_packed_linear.register_fake
+def _(x, w, b):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, w, b)` for inference through oneDNN, with `w`'s packed copy when `pack` made
+    one; x, w and b of one dtype (bf16 or fp32), on a CPU, and `backend()` "onednn"."""
+    return _packed_linear(x, w, b)

@@ -110,7 +110,7 @@ def paired_steps(size: str, precision: str, pairs: int, model_dir: Path) -> dict
 
     def step(setting: str) -> dict:
         os.environ[cpu_gemm.ENV] = setting
-        cpu_gemm.backend.cache_clear()
+        cpu_gemm.reset()
         s = copy.deepcopy(st)
         torch.manual_seed(0)
         random.seed(0)
@@ -133,7 +133,7 @@ def paired_steps(size: str, precision: str, pairs: int, model_dir: Path) -> dict
             os.environ.pop(cpu_gemm.ENV, None)
         else:
             os.environ[cpu_gemm.ENV] = prior
-        cpu_gemm.backend.cache_clear()
+        cpu_gemm.reset()
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("step_s", "generate_s", "update_s")} for k, v in runs.items()}
     ratio = {m: med["onednn"][m] / med["torch"][m] for m in ("step_s", "generate_s", "update_s")}
     print(f"  [{size} {precision}] onednn / torch: step {ratio['step_s']:.3f}, generate {ratio['generate_s']:.3f}, "

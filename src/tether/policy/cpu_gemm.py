@@ -26,7 +26,6 @@ every run's summary.json (`precision.cpu_linear`).
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 
@@ -37,9 +36,22 @@ ENV = "TETHER_CPU_GEMM"
 _ATTR = "_tether_onednn_packed"
 
 
-@functools.lru_cache(maxsize=None)
+_CHOICE: list[str] = []  # the process's choice, made at the first call (a plain global: torch.compile traces it)
+
+
 def backend() -> str:
     """"onednn" or "torch": what fp32 linear layers and the decoder's packed weights use on a CPU."""
+    if not _CHOICE:
+        _CHOICE.append(_choose())
+    return _CHOICE[0]
+
+
+def reset() -> None:
+    """Forget the choice (after changing TETHER_CPU_GEMM in-process: tests, benchmarks/cpu_gemm.py)."""
+    _CHOICE.clear()
+
+
+def _choose() -> str:
     forced = os.environ.get(ENV, "").strip().lower()
     if forced and forced not in ("onednn", "torch"):
         raise ValueError(f"{ENV}={forced!r}: expected onednn or torch (or unset: the machine's default)")

@@ -148,11 +148,12 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
     token's query sits in the buckets' concatenated outputs. Projections, norms, rotary and MLP run
     on the N tokens; only attention sees the padded rows."""
     N = x.shape[0]
+    lin = F.linear if bf16 else cpu_gemm.linear  # by the flag: traced code must not ask autocast which it is
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         h = rms_norm(x, ln1, eps1)
-        q = cpu_gemm.linear(h, wq, bq).view(N, heads, -1)
-        k = cpu_gemm.linear(h, wk, bk).view(N, kv_heads, -1)
-        v = cpu_gemm.linear(h, wv, bv).view(N, kv_heads, -1)
+        q = lin(h, wq, bq).view(N, heads, -1)
+        k = lin(h, wk, bk).view(N, kv_heads, -1)
+        v = lin(h, wv, bv).view(N, kv_heads, -1)
         q, k = _rope(q.float(), cos, sin), _rope(k.float(), cos, sin)
         if bf16:  # the bf16 the score matmul would round them to, gathered at half the bytes
             q, k = q.to(torch.bfloat16), k.to(torch.bfloat16)
@@ -163,9 +164,9 @@ def layer_forward(x, ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wg, wu, wd, cos, sin,
                         _take(v, k_idx).transpose(1, 2), keep, heads // kv_heads)
             outs.append(o.transpose(1, 2).reshape(-1, q.shape[1] * q.shape[2]))
         o = _take(torch.cat([*outs, outs[0].new_zeros((1, outs[0].shape[1]))]), inv)
-        x = x + cpu_gemm.linear(o, wo).float()
+        x = x + lin(o, wo).float()
         h = rms_norm(x, ln2, eps2)
-        x = x + cpu_gemm.linear(F.silu(cpu_gemm.linear(h, wg)) * cpu_gemm.linear(h, wu), wd).float()
+        x = x + lin(F.silu(lin(h, wg)) * lin(h, wu), wd).float()
     return x
 
 

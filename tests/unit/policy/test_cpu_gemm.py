@@ -21,10 +21,10 @@ def gemm_backend(monkeypatch):
     """Set TETHER_CPU_GEMM for one test; the cached choice is cleared before and after."""
     def use(value):
         monkeypatch.setenv(cpu_gemm.ENV, value)
-        cpu_gemm.backend.cache_clear()
+        cpu_gemm.reset()
     yield use
     monkeypatch.delenv(cpu_gemm.ENV, raising=False)
-    cpu_gemm.backend.cache_clear()
+    cpu_gemm.reset()
 
 
 def _grads(fn, x, w, b, g):

@@ -186,3 +186,23 @@ def test_a_failing_training_compilation_falls_back_to_the_eager_forward(policy, 
     assert "failed" in lean_train._COMPILED
     _assert_same(eager, fell_back, mask, 1e-5, 1e-5)
     monkeypatch.delitem(lean_train._COMPILED, "failed")
+
+
+def test_compiled_bf16_forward_keeps_its_projections_in_bf16(policy, monkeypatch):
+    """Under bf16 the projections are autocast's bf16 matmuls, compiled or not; the fp32 oneDNN
+    linear (tether.policy.cpu_gemm) is for fp32 only (the LM head is fp32 in both)."""
+    from tether.policy import cpu_gemm
+
+    seen = []
+    real = cpu_gemm.linear
+    monkeypatch.setattr(cpu_gemm, "linear", lambda x, w, b=None: seen.append(tuple(w.shape)) or real(x, w, b))
+    torch._dynamo.reset()
+    ids, mask, group = _batch(len(policy.tokenizer))
+    vocab = policy.model.lm_head.weight.shape[0]
+    for mode in ("eager", "compile"):
+        seen.clear()
+        _run(policy, mode, True, ids, mask, group)
+        assert seen and all(s[0] == vocab for s in seen), (mode, seen)  # the LM head only
+    seen.clear()
+    _run(policy, "eager", False, ids, mask, group)
+    assert any(s[0] != vocab for s in seen)  # fp32: the projections too

@@ -114,7 +114,7 @@ def _fp32_cpu(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, w, b)`; fp32 on a CPU through oneDNN where `backend()` says so."""
-    if _fp32_cpu(x, w) and (b is None or b.dtype == torch.float32) and backend() == "onednn":
+    if _fp32_cpu(x, w) and x.numel() and (b is None or b.dtype == torch.float32) and backend() == "onednn":
         return onednn_linear(x, w, b)
     return F.linear(x, w, b)
 
@@ -152,4 +152,6 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
     (which cannot take the packed tensor as a graph input) through the custom op."""
     if torch.compiler.is_compiling():
         return _packed_linear(x, w, b)
+    if not x.numel():
+        return F.linear(x, w, b)
     return _packed_linear_impl(x, w, b)

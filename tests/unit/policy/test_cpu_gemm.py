@@ -126,3 +126,11 @@ def test_lean_decoder_samples_alike_with_packed_and_unpacked_weights(gemm_backen
     for a, b in zip(out["onednn"], out["torch"]):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=2e-5)
+
+
+@needs_onednn
+def test_empty_inputs_pass_through(gemm_backend):
+    gemm_backend("onednn")
+    w = torch.randn(8, 32)
+    assert cpu_gemm.linear(torch.randn(0, 32), w).shape == (0, 8)
+    assert cpu_gemm.packed_linear(torch.randn(0, 32), cpu_gemm.pack(w, 4)).shape == (0, 8)

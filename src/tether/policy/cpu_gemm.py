@@ -119,10 +119,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(x, w, b)
 
 
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether `pack`/`packed_linear` serve this dtype here: oneDNN chosen, and for bf16 a CPU whose
+    oneDNN does bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU oneDNN refuses to
+    lay out a bf16 weight at all)."""
+    if backend() != "onednn" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def pack(w: torch.Tensor, rows: int) -> torch.Tensor:
     """`w` (bf16 or fp32, on a CPU) carrying a copy laid out for oneDNN's kernel at about `rows`
     input rows, which `packed_linear` uses. The packed copy is taken now: pack again after `w` changes."""
-    if backend() == "onednn" and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16):
+    if w.device.type == "cpu" and can_pack(w.dtype):
         w = w.detach()  # a new tensor object: the attribute never lands on a model parameter
         setattr(w, _ATTR, torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), max(1, rows)))
     return w

@@ -94,7 +94,7 @@ class LeanDecoder:
         dev = self.embed.device
         # the projections' weights laid out once for oneDNN (tether.policy.cpu_gemm): ~25% faster
         # matmuls at a few dozen rows than re-laying them out at every token
-        self.packed = dev.type == "cpu" and cpu_gemm.backend() == "onednn"
+        self.packed = dev.type == "cpu" and cpu_gemm.can_pack(self.dtype)
         self.rows = batch
         head_b = getattr(model.lm_head, "bias", None)
         self.head_w = cpu_gemm.pack(model.lm_head.weight.detach().float(), batch) if self.packed else model.lm_head.weight

@@ -134,3 +134,17 @@ def test_empty_inputs_pass_through(gemm_backend):
     w = torch.randn(8, 32)
     assert cpu_gemm.linear(torch.randn(0, 32), w).shape == (0, 8)
     assert cpu_gemm.packed_linear(torch.randn(0, 32), cpu_gemm.pack(w, 4)).shape == (0, 8)
+
+
+def test_bf16_is_packed_only_where_onednn_does_bf16(gemm_backend, monkeypatch):
+    # an AVX2-only CPU: oneDNN refuses to lay out a bf16 weight, so the decoder must not ask it to
+    gemm_backend("onednn")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    w = torch.randn(8, 32)
+    assert cpu_gemm.can_pack(torch.float32) and not cpu_gemm.can_pack(torch.bfloat16)
+    assert not hasattr(cpu_gemm.pack(w.bfloat16(), 4), cpu_gemm._ATTR)
+    from tether.policy.decode import LeanDecoder
+
+    policy = make_tiny_policy(hidden=64, heads=4, inter=128, seed=1)
+    assert LeanDecoder(policy.model, 2, 16, bf16=False).packed
+    assert not LeanDecoder(policy.model, 2, 16, bf16=True).packed

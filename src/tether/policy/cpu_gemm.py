@@ -70,14 +70,18 @@ def reason() -> str:
             "benchmarks/cpu_gemm.py)" if backend() == "onednn" else "PyTorch's own kernels (no oneDNN, or not an x86-64 CPU)")
 
 
-def _onednn(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x2, w, b, "none", [], "")
+def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] @ w [N, K].T + b through oneDNN's inner product; w's packed copy where `pack` made one."""
+    kernel_w = getattr(w, _ATTR, None)
+    kernel_w = w.contiguous() if kernel_w is None else kernel_w
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), kernel_w, b, "none", [], "")
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 @torch.library.custom_op("tether::onednn_linear", mutates_args=())
 def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] @ w[N, K].T + b through oneDNN (x, w, b fp32 on a CPU)."""
-    return _onednn(x.reshape(-1, x.shape[-1]).contiguous(), w.contiguous(), b).view(*x.shape[:-1], w.shape[0])
+    return _onednn(x, w, b)
 
 
 @onednn_linear.register_fake
@@ -137,15 +141,9 @@ def pack(w: torch.Tensor, rows: int) -> torch.Tensor:
     return w
 
 
-def _packed_linear_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    packed = getattr(w, _ATTR, None)
-    x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    return _onednn(x2, packed if packed is not None else w.contiguous(), b).view(*x.shape[:-1], w.shape[0])
-
-
 @torch.library.custom_op("tether::packed_linear", mutates_args=())
 def _packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return _packed_linear_impl(x, w, b)
+    return _onednn(x, w, b)
 
 
 @_packed_linear.register_fake
@@ -163,4 +161,4 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
         return _packed_linear(x, w, b)
     if not x.numel():
         return F.linear(x, w, b)
-    return _packed_linear_impl(x, w, b)
+    return _onednn(x, w, b)

@@ -140,7 +140,7 @@ def train_arms(policy, batch, reps: int) -> dict[str, float]:
     return {k + " s fwd+bwd": v for k, v in _alternate(arms, reps).items()}
 
 
-GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul")
+GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "mkldnn::_linear_pointwise")
 
 
 def gemm_breakdown(policy, batch) -> dict[str, float]:

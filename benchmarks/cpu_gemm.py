@@ -19,10 +19,8 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -98,50 +96,28 @@ def matmuls(size: str, rounds: int) -> dict:
 
 
 def paired_steps(size: str, precision: str, pairs: int, model_dir: Path) -> dict:
-    import torch
-
-    import tether.recipes.rl as rl
-    from bench_workers import tether_state
+    from paired import bench_state, paired_steps as run_pairs
     from tether.policy import cpu_gemm
-    from vs_trl import base_spec
 
-    compiled = "true" if precision == "bf16" else "false"
-    spec = base_spec("tether", model_dir, precision, 1, 0)
-    spec["tether_overrides"] = [f"train.compile={compiled}", f"rollout.compile={compiled}"]
-    cfg, st = tether_state(spec)
+    compiled = precision == "bf16"
+    cfg, st = bench_state(model_dir, precision, compiled)
     prior = os.environ.get(cpu_gemm.ENV)
 
-    def step(setting: str) -> dict:
-        os.environ[cpu_gemm.ENV] = setting
-        cpu_gemm.reset()
-        s = copy.deepcopy(st)
-        torch.manual_seed(0)
-        random.seed(0)
-        m, _ = rl.run_rl_step(s, cfg)
-        return {"step_s": m["time/step"], "generate_s": m["time/generate"], "update_s": m["time/update"],
-                "positions": m["train/positions"]}
+    def setting(name: str):
+        def apply():
+            os.environ[cpu_gemm.ENV] = name
+            cpu_gemm.reset()
+        return apply
 
     try:
-        for setting in ("torch", "onednn"):  # warm-up: the compilations, oneDNN's kernel caches
-            step(setting)
-        runs: dict = {"torch": [], "onednn": []}
-        for i in range(2 * pairs):
-            setting = ("torch", "onednn")[(i + i // 2) % 2]  # ABBA
-            runs[setting].append(step(setting))
-            r = runs[setting][-1]
-            print(f"  [{size} {precision}] {setting:6s} step {r['step_s']:.2f} s (generate {r['generate_s']:.2f}, "
-                  f"update {r['update_s']:.2f}; {r['positions']:.0f} positions)", flush=True)
+        res = run_pairs(cfg, st, {"torch": setting("torch"), "onednn": setting("onednn")}, pairs, f"{size} {precision}")
     finally:
         if prior is None:
             os.environ.pop(cpu_gemm.ENV, None)
         else:
             os.environ[cpu_gemm.ENV] = prior
         cpu_gemm.reset()
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("step_s", "generate_s", "update_s")} for k, v in runs.items()}
-    ratio = {m: med["onednn"][m] / med["torch"][m] for m in ("step_s", "generate_s", "update_s")}
-    print(f"  [{size} {precision}] onednn / torch: step {ratio['step_s']:.3f}, generate {ratio['generate_s']:.3f}, "
-          f"update {ratio['update_s']:.3f}", flush=True)
-    return {"compiled": compiled == "true", "runs": runs, "median": med, "onednn_over_torch_time": ratio}
+    return {"compiled": compiled, "runs": res["runs"], "median": res["median"], "onednn_over_torch_time": res["b_over_a"]}
 
 
 def main(argv=None) -> dict:

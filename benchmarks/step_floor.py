@@ -9,8 +9,8 @@ one torch thread), run by tether at its fastest (bf16 autocast where the CPU has
 fp32; `--compile` overrides), in this process: after warm-up steps (the
 compilations), steps alternate between timed (the s/step figures) and profiled: under
 torch.profiler the sampling and the update are each split into their matrix multiplies
-(aten::mm / bmm / addmm / baddbmm: the projections, the MLP, attention, the LM head, forward and
-backward) and everything else. The GEMMs' self time is what the step
+(aten::mm / bmm / addmm / baddbmm and oneDNN's linear: the projections, the MLP, attention, the LM
+head, forward and backward) and everything else. The GEMMs' self time is what the step
 cannot lose without doing fewer multiply-adds; their FLOP/s is compared with a 1536^3 matmul's in
 the same process (matmul_peak.gflops). Then TRL (GRPOTrainer at the same precision; bf16
 autocast is its faster setting on a native-bf16 CPU) runs as many steps in fresh processes
@@ -36,13 +36,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+# oneDNN's linear (tether.policy.cpu_gemm: the packed decode matmuls, fp32 training projections)
+# is a GEMM as much as aten's
+GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
 
 
 def _gemm_flops(key: str, shapes) -> int:
     """2 x M x K x N of one call, from its recorded input shapes (an out= tensor may follow them;
-    addmm and baddbmm take the added tensor first)."""
+    addmm and baddbmm take the added tensor first; oneDNN's linear takes x [M, K] and w [N, K])."""
     a, b = (shapes[1], shapes[2]) if key in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
+    if key == "mkldnn::_linear_pointwise":
+        return 2 * a[0] * a[1] * b[0]
     if len(a) == 2:
         return 2 * a[0] * a[1] * b[1]
     return 2 * a[0] * a[1] * a[2] * b[2]

@@ -1,5 +1,5 @@
-"""Paired A/B of two settings on the benchmark's RL step (used by cpu_gemm.py, decode_window.py,
-packed_mm_lowering.py).
+"""Paired A/B of two settings on the benchmark's RL step (used by cpu_gemm.py; the decode experiments
+of 2026-12-03 pm, docs/performance.md, used it too).
 
 The model and optimizer state is copied before every step and every step starts from the copy with
 the same seed, so both settings run the same workload (the same prompts, and the same samples where

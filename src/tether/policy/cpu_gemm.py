@@ -13,8 +13,8 @@ matmul peak, while oneDNN's inner-product kernel (which PyTorch ships and expose
 - `pack(w, rows)` / `packed_linear(x, w, b)`: decoding multiplies a few dozen rows by the same
   weights at every token; oneDNN then spends a good part of each call re-laying the weight out.
   `pack` does that once per generation call (tether.policy.decode) and hangs the packed copy on the
-  weight tensor; `packed_linear` uses it (under torch.compile through the op `tether::packed_mm`,
-  which `lower_packed_mm` has inductor call as oneDNN's kernel directly). bf16 and fp32.
+  weight tensor; `packed_linear` uses it (a custom op, so that the compiled decode step can call it
+  with the plain tensor as its graph input). bf16 and fp32.
 
 Rounding: oneDNN's fp32 kernels are fp32 arithmetic in another summation order (max error against
 float64 of the same order as MKL's; tests/unit/policy/test_cpu_gemm.py). Whether oneDNN is used is
@@ -141,59 +141,24 @@ def pack(w: torch.Tensor, rows: int) -> torch.Tensor:
     return w
 
 
-@torch.library.custom_op("tether::packed_mm", mutates_args=())
-def _packed_mm(x: torch.Tensor, wp: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] (contiguous) times a weight packed by `pack` (wp: oneDNN's layout, shape [N, K]), + b."""
-    return torch.ops.mkldnn._linear_pointwise(x, wp, b, "none", [], "")
+@torch.library.custom_op("tether::packed_linear", mutates_args=())
+def _packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return _onednn(x, w, b)
 
 
-@_packed_mm.register_fake
-def _(x, wp, b):
-    return x.new_empty((x.shape[0], wp.shape[0]))
-
-
-_LOWERED: list[bool] = []
-
-
-def lower_packed_mm() -> bool:
-    """Have inductor emit `tether::packed_mm` as a direct call of oneDNN's kernel (an extern kernel
-    in the generated code) instead of a call back into this module's Python: the Python op costs
-    ~30 us a call, which a compiled decode step of 17-33 matmuls pays at every token
-    (benchmarks/results/packed_mm_lowering.json). Idempotent; False (the Python op stays, same
-    results) where this PyTorch's inductor lacks the hooks. Called before the decode step compiles.
-
-    Inductor's own lowering of `mkldnn._linear_pointwise` is for frozen graphs (it requires the
-    packed weight to be a compile-time constant); these weights change at every training step."""
-    if _LOWERED:
-        return _LOWERED[0]
-    try:
-        from torch._inductor import ir
-        from torch._inductor.lowering import register_lowering
-
-        @register_lowering(torch.ops.tether.packed_mm.default)
-        def _lowering(x, wp, b):
-            x = ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(x))
-            out = ir.FallbackKernel.create(torch.ops.mkldnn._linear_pointwise.default, x, wp, b, "none", [], "")
-            return ir.TensorBox.create(out)
-
-        _LOWERED.append(True)
-    except Exception:  # an inductor without these internals: the op runs as Python, same results
-        _LOWERED.append(False)
-    return _LOWERED[0]
+@_packed_linear.register_fake
+def _(x, w, b):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
 def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, w, b)` for inference through oneDNN, with `w`'s packed copy when `pack` made
     one; x, w and b of one dtype (bf16 or fp32), on a CPU, and `backend()` "onednn". Eagerly the
-    kernel is called directly (a Python custom op costs ~18 us a call, measured at [4, 64] x [64, 8]:
-    42 us against 24). Under torch.compile the packed copy (an mkldnn-layout tensor, which dynamo
-    takes as a graph input when reached as an attribute) goes to `tether::packed_mm`, which
-    `lower_packed_mm` turns into a direct kernel call."""
+    kernel is called directly: a Python custom op costs ~18 us a call (measured at [4, 64] x [64, 8]:
+    42 us against 24), which a decode step of 33 matmuls would pay 64 times; under torch.compile
+    (which cannot take the packed tensor as a graph input) through the custom op."""
     if torch.compiler.is_compiling():
-        wp = getattr(w, _ATTR, None)
-        if wp is None:
-            return F.linear(x, w, b)
-        return _packed_mm(x.reshape(-1, x.shape[-1]).contiguous(), wp, b).view(*x.shape[:-1], w.shape[0])
+        return _packed_linear(x, w, b)
     if not x.numel():
         return F.linear(x, w, b)
     return _onednn(x, w, b)

@@ -80,11 +80,6 @@ class LeanDecoder:
     """Decode steps of `model` for `batch` rows, up to `capacity` positions (prompt included)."""
 
     GROW = 32  # the first window's room past the prompt, and the rounding of every window
-    # the compiled step's attention reads the cache's written positions only (False: the whole
-    # window, its empty tail under -inf included, as before 2026-12-03; benchmarks/decode_window.py's
-    # A/B). The eager step reads the whole window: its bf16 matmuls ran slower on views of the
-    # written positions than on the whole window (~3x at 41 of 64 positions, one thread)
-    LIVE_ONLY = True
 
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, bf16: bool, compiled: bool = False) -> None:
         cfg, inner = model.config, model.model
@@ -236,19 +231,15 @@ class LeanDecoder:
         n = self.length
         x = F.embedding(tok_B, self.embed)
         cos, sin = self.cos[pos_B][:, None], self.sin[pos_B][:, None]
-        # the cache's written positions only (views; never the whole window, which always has room
-        # for position n, so their strides stay those of a view and one graph serves every step)
-        live = n if self.LIVE_ONLY else self.window
-        ks, vs = tuple(k[:, :, :live] for k in self.k), tuple(v[:, :, :live] for v in self.v)
-        bias = self._bias[:, None, None, :live]
-        for t in (x, cos, sin, bias, *ks, *vs):
+        bias = self._bias[:, None, None]
+        for t in (x, cos, sin, bias, *self.k, *self.v):
             torch._dynamo.maybe_mark_dynamic(t, 0)
-        for t in (*ks, *vs):
+        for t in (*self.k, *self.v):
             torch._dynamo.maybe_mark_dynamic(t, 2)
         torch._dynamo.maybe_mark_dynamic(bias, 3)
         layers = tuple((p["ln1"], p["eps1"], p["qkv"], p["qkv_b"], p["o"], p["o_b"], p["ln2"], p["eps2"],
                         p["gate_up"], p["down"]) for p in self.layers)
-        args = (x, cos, sin, bias, ks, vs, layers, (self.norm_w, self.eps),
+        args = (x, cos, sin, bias, tuple(self.k), tuple(self.v), layers, (self.norm_w, self.eps),
                 (self.head_w, self.head_b, self.softcap), (self.heads, self.kv_heads, self.head_dim, self.scale, self.packed))
         with torch.autocast(tok_B.device.type, enabled=False):
             try:
@@ -269,8 +260,8 @@ class LeanDecoder:
 
 def step_math(x, cos, sin, bias, ks, vs, layers, norm, head, shape):
     """One decode step as a pure function (what `compiled_step` compiles): (fp32 logits [B, V], each
-    layer's new keys and values [B, kv_heads, d]). `ks`/`vs` [B, kv_heads, W, d] and `bias` [B, 1, 1, W]:
-    the W positions already cached; the new token attends to its own key directly. The same precision per op as
+    layer's new keys and values [B, kv_heads, d]). `bias` [B, 1, 1, W] is -inf at the new token's own
+    position, which is attended through its key directly. The same precision per op as
     `LeanDecoder.step`; under compilation the fused element-wise kernels round differently (bf16:
     log-probs within a few 1e-3 of the eager step's; tests/unit/policy/test_fast_paths.py)."""
     h, kvh, d, scale, packed = shape
@@ -307,7 +298,6 @@ def compiled_step():
     fresh inductor cache, less from a warm one); docs/performance.md has the measurements."""
     fn = _COMPILED.get("step")
     if fn is None:
-        cpu_gemm.lower_packed_mm()  # the packed matmuls as direct kernel calls in the generated code
         fn = _COMPILED["step"] = torch.compile(step_math, dynamic=None)
     return fn
 

@@ -109,25 +109,6 @@ def test_compiled_graph_calls_the_custom_ops(gemm_backend):
 
 
 @needs_onednn
-def test_compiled_packed_matmuls_call_onednn_directly(gemm_backend):
-    # after lower_packed_mm, the generated code calls oneDNN's kernel itself, not the Python op
-    from torch._inductor.utils import run_and_get_code
-
-    gemm_backend("onednn")
-    assert cpu_gemm.lower_packed_mm() and cpu_gemm.lower_packed_mm()  # idempotent
-    torch.manual_seed(4)
-    w, b = torch.randn(40, 24).bfloat16(), torch.randn(40).bfloat16()
-    x = torch.randn(3, 7, 24).bfloat16()
-    packed = cpu_gemm.pack(w, 21)
-    with torch.inference_mode():
-        out, code = run_and_get_code(torch.compile(lambda a, w, b: torch.tanh(cpu_gemm.packed_linear(a, w, b))), x, packed, b)
-        ref = torch.tanh(F.linear(x, w, b))
-    src = "\n".join(code)
-    assert "torch.ops.mkldnn._linear_pointwise.default(" in src and "packed_mm.default(" not in src
-    assert out.shape == (3, 7, 40) and torch.allclose(out.float(), ref.float(), atol=2e-2)
-
-
-@needs_onednn
 def test_lean_decoder_samples_alike_with_packed_and_unpacked_weights(gemm_backend, monkeypatch):
     policy = make_tiny_policy(hidden=64, heads=4, inter=128, seed=1)
     calls = []

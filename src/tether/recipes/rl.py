@@ -228,6 +228,18 @@ def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -
 
 
 @marks_phase("loop")
+def _starting_evals(st, cfg: TetherConfig, rd, held_out, sinks, resumed: bool) -> tuple[dict, dict]:
+    """(first, last) evaluation: a new run evaluates the starting policy now (logged at step 0); a
+    resumed one reads its evaluations so far from metrics.jsonl (step 0 = the starting policy)."""
+    if not resumed:
+        first_eval = _evaluate(st, cfg, rd, held_out, st.step)
+        sinks.log(0, first_eval)
+        return first_eval, dict(first_eval)
+    evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rd.read_metrics() if "eval/pass@1" in r]
+    first_eval = evals[0] if evals else {}
+    return first_eval, evals[-1] if len(evals) > 1 else first_eval
+
+
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
            collect=collect_groups, build=make_train_batch, kind: str = "rl", overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json.
@@ -257,14 +269,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             do_apply_lr(st.optimizer, st.scheduler, cfg.train.lr)
     sinks = MultiSink(build_sinks(rd, cfg.logging, cfg, start_step=st.step if ckpt is not None else None))
     st.health = build_health(cfg, rd, st, extra.get("health"))  # detect, diagnose, repair (tether.health); off: no-op
-    if ckpt is None:
-        first_eval = _evaluate(st, cfg, rd, held_out, st.step)
-        sinks.log(0, first_eval)
-        last_eval = dict(first_eval)
-    else:  # evaluations so far are in metrics.jsonl (step 0 = the starting policy)
-        evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rd.read_metrics() if "eval/pass@1" in r]
-        first_eval = evals[0] if evals else {}
-        last_eval = evals[-1] if len(evals) > 1 else first_eval
+    first_eval, last_eval = _starting_evals(st, cfg, rd, held_out, sinks, resumed=ckpt is not None)
     caps = apply_reward_caps(cfg, st.step)  # a resumed run past a component's max_steps (tether.rewards.cap)
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop and not stops_run(caps):

@@ -80,7 +80,8 @@ def machine_description(threads: int) -> dict:
     from tether.policy import cpu_gemm
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu["model"], "cpu_class": hardware.cpu_class(cpu), "cpu_flags": cpu["flags"],
+    return {"cpu": cpu["model"], "cpu_class": hardware.cpu_class(cpu), "cpu_generation": hardware.cpu_generation(cpu),
+            "cpu_flags": cpu["flags"],
             **({"isa_mask": cpu["isa_mask"]} if "isa_mask" in cpu else {}),
             "native_bf16": hardware.cpu_native_bf16(cpu), "cpu_linear": cpu_gemm.backend(), "cores": os.cpu_count(), "memory_gb": round(mem, 1),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,

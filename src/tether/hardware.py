@@ -56,11 +56,12 @@ def isa_mask() -> dict[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> dict[str, Any]:
-    """{model, arch, cores, flags}: the CPU's model name and the subset of its feature flags that
-    matter for tether's kernels (from /proc/cpuinfo; elsewhere only the platform's names)."""
+    """{model, arch, cores, flags[, family, model_number]}: the CPU's model name, the subset of its
+    feature flags that matter for tether's kernels, and on x86 its family and model numbers (from
+    /proc/cpuinfo; elsewhere only the platform's names)."""
     arch = platform.machine().lower()
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
-    model, flags = platform.processor() or "unknown", set()
+    model, flags, ids = platform.processor() or "unknown", set(), {}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -72,8 +73,12 @@ def cpu_info() -> dict[str, Any]:
             model = value.strip()
         elif key in ("flags", "features") and not flags:
             flags = set(value.split())
+        elif key in ("cpu family", "model") and key not in ids and value.strip().isdigit():
+            ids[key] = int(value)
     wanted = _ARM_FLAGS if arch == "aarch64" else _X86_FLAGS
     info = {"model": model, "arch": arch, "cores": os.cpu_count(), "flags": sorted(f for f in wanted if f in flags)}
+    if len(ids) == 2:  # x86: the microarchitecture, which a VM's model name ("AMD EPYC") often hides
+        info["family"], info["model_number"] = ids["cpu family"], ids["model"]
     mask = isa_mask() if arch == "x86_64" else {}
     if mask:  # the kernels cannot use what is masked: the effective CPU is an AVX2 one
         info["flags"] = [f for f in info["flags"] if not f.startswith(("avx512", "amx"))]
@@ -89,6 +94,16 @@ def cpu_native_bf16(info: dict[str, Any] | None = None) -> bool:
         return forced == "1"
     info = info or cpu_info()
     return any(f in info["flags"] for f in _BF16_FLAGS.get(info["arch"], ()))
+
+
+def cpu_generation(info: dict[str, Any] | None = None) -> str | None:
+    """"family 25 model 17": the x86 family and model numbers (a CPU generation: AMD's Zen 4 and Zen
+    5 EPYCs share the name "AMD EPYC" and the class native-bf16, but not their speed ratios); None
+    where /proc/cpuinfo gives no numbers (ARM, other systems)."""
+    info = info or cpu_info()
+    if "family" not in info:
+        return None
+    return f"family {info['family']} model {info['model_number']}"
 
 
 def cpu_class(info: dict[str, Any] | None = None) -> str:
@@ -144,7 +159,7 @@ def resolve_autocast(setting: bool | str, device: str | Any = "cpu") -> bool:
 
 def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> dict[str, Any]:
     """What a run's summary.json and a benchmark result record: the setting, the precision used,
-    why, the CPU (model, class, flags) and, on a CPU, the linear layers' kernels (tether.policy.cpu_gemm)."""
+    why, the CPU (model, class, generation, flags) and, on a CPU, the linear layers' kernels (tether.policy.cpu_gemm)."""
     choice = choose_precision(setting, device)
     reason = choice.reason if choice.autocast_bf16 == autocast_bf16 else "inherited from the policy passed in"
     info = cpu_info()
@@ -155,7 +170,7 @@ def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> d
         gemm = {"cpu_linear": cpu_gemm.backend(), "cpu_linear_reason": cpu_gemm.reason()}
     return {"setting": setting, "autocast_bf16": bool(autocast_bf16), "precision": "bf16" if autocast_bf16 else "fp32",
             "reason": reason, "device": device, **gemm, "cpu": info["model"], "cpu_class": cpu_class(info),
-            "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}
+            "cpu_generation": cpu_generation(info), "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}
 
 
 # Measured on the native-bf16 AMD EPYCs of 2026-11-30 and 2026-12-02 (docs/performance.md, "Compile

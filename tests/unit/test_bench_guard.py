@@ -74,3 +74,19 @@ def test_guard_fails_beyond_tolerance(ratio, ok):
 def test_guard_without_baseline_passes_and_says_how_to_record():
     passed, msg = quick.check_ratio(0.9, None, 0.15)
     assert passed and "--update" in msg
+
+
+def test_guard_uses_this_cpu_generations_baseline_and_never_another_generations():
+    z4, z5 = "family 25 model 17", "family 26 model 2"
+    table = {"native-bf16": {"ratio": 0.33, "cpu_generation": z5},
+             f"native-bf16 {z4}": {"ratio": 0.40, "cpu_generation": z4},
+             "avx2": {"ratio": 0.63}}  # recorded before generations were: used for every AVX2 CPU
+    assert quick.find_baseline(table, "native-bf16", z4)[0]["ratio"] == 0.40
+    assert quick.find_baseline(table, "native-bf16", z5)[0]["ratio"] == 0.33
+    assert quick.find_baseline(table, "avx2", "family 25 model 1")[0]["ratio"] == 0.63
+    assert quick.find_baseline(table, "native-bf16", None)[0]["ratio"] == 0.33
+    base, note = quick.find_baseline(table, "native-bf16", "family 25 model 1")
+    assert base is None and z5 in note
+    passed, msg = quick.check_ratio(0.9, base, 0.15, note)
+    assert passed and "not checked" in msg and "another CPU generation" in msg
+    assert not quick.check_ratio(0.47, *quick.find_baseline(table, "native-bf16", z4)[:1], 0.15)[0]

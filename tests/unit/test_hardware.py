@@ -1,6 +1,7 @@
 """Hardware-aware precision (tether.hardware): `auto` follows native bf16, an explicit setting wins."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,11 @@ def test_compile_settings_accept_auto_and_booleans():
     assert load_config(None, ["train.compile=true", "rollout.compile=false"]).rollout.compile is False
     with pytest.raises(ConfigError, match="rollout.compile"):
         load_config(None, ["rollout.compile=maybe"])
+
+
+def test_cpu_generation_names_the_x86_family_and_model():
+    assert hardware.cpu_generation({"family": 25, "model_number": 17}) == "family 25 model 17"
+    assert hardware.cpu_generation({"model": "Neoverse", "flags": []}) is None  # no numbers (ARM)
+    info = hardware.cpu_info()
+    if info["arch"] == "x86_64" and Path("/proc/cpuinfo").is_file():
+        assert isinstance(info["family"], int) and isinstance(info["model_number"], int)

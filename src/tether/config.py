@@ -54,6 +54,11 @@ class ModelConfig(_Base):
     autocast_bf16: bool | Literal["auto"] = Field(
         "auto", description="bf16 autocast for forward passes; auto: on only where the CPU/GPU does bf16 natively "
                             "(AVX-512-BF16/AMX, Arm BF16, CUDA bf16), fp32 elsewhere (tether.hardware)")
+    cpu_linear: Literal["auto", "onednn", "torch"] = Field(
+        "auto", description="CPU linear-layer kernels (tether.policy.cpu_gemm): onednn (oneDNN's inner product for "
+                            "fp32 training matmuls; decode weights packed once), torch (PyTorch's own dispatch); auto: "
+                            "the environment variable TETHER_CPU_GEMM if set, else onednn on x86-64, torch elsewhere. "
+                            "A process-wide setting, applied when a run starts")
     gradient_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward (transformers' activation "
                            "checkpointing): less memory, ~1 more forward of compute; turns prefix sharing and the "

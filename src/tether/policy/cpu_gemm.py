@@ -18,9 +18,10 @@ matmul peak, while oneDNN's inner-product kernel (which PyTorch ships and expose
 
 Rounding: oneDNN's fp32 kernels are fp32 arithmetic in another summation order (max error against
 float64 of the same order as MKL's; tests/unit/policy/test_cpu_gemm.py). Whether oneDNN is used is
-a rule of the machine, never of a timing, so two runs on one machine round alike:
-`TETHER_CPU_GEMM=onednn|torch` decides; unset, oneDNN on x86-64 CPUs where PyTorch has it (the
-only CPUs it was measured on), PyTorch's own dispatch (`torch`) elsewhere. The choice is recorded with the precision in
+a rule of the machine, never of a timing, so two runs on one machine round alike: the config's
+`model.cpu_linear` (onednn | torch) decides when set; at `auto` (the default) `TETHER_CPU_GEMM=onednn|torch`
+does; unset, oneDNN on x86-64 CPUs where PyTorch has it (the only CPUs it was measured on),
+PyTorch's own dispatch (`torch`) elsewhere. The choice is recorded with the precision in
 every run's summary.json (`precision.cpu_linear`).
 """
 
@@ -37,6 +38,7 @@ _ATTR = "_tether_onednn_packed"
 
 
 _CHOICE: list[str] = []  # the process's choice, made at the first call (a plain global: torch.compile traces it)
+_CONFIGURED: list[str] = []  # model.cpu_linear when a run set it explicitly (configure)
 
 
 def backend() -> str:
@@ -51,11 +53,31 @@ def reset() -> None:
     _CHOICE.clear()
 
 
+def configure(setting: str) -> None:
+    """Apply `model.cpu_linear` at a run's start: "onednn" or "torch" decide (over TETHER_CPU_GEMM);
+    "auto" leaves the choice to the environment variable and the machine. Process-wide: the stage
+    that starts next configures it again."""
+    if setting not in ("auto", "onednn", "torch"):
+        raise ValueError(f"model.cpu_linear={setting!r}: expected auto, onednn or torch")
+    _CONFIGURED.clear()
+    reset()
+    if setting == "onednn" and not _have_onednn():
+        raise ValueError("model.cpu_linear=onednn: this PyTorch build has no oneDNN linear kernel; use auto or torch")
+    if setting != "auto":
+        _CONFIGURED.append(setting)
+
+
+def _have_onednn() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def _choose() -> str:
+    if _CONFIGURED:
+        return _CONFIGURED[0]
     forced = os.environ.get(ENV, "").strip().lower()
     if forced and forced not in ("onednn", "torch"):
         raise ValueError(f"{ENV}={forced!r}: expected onednn or torch (or unset: the machine's default)")
-    have = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    have = _have_onednn()
     if forced == "onednn" and not have:
         raise ValueError(f"{ENV}=onednn: this PyTorch build has no oneDNN linear kernel; unset it or use torch")
     if forced:
@@ -64,6 +86,8 @@ def _choose() -> str:
 
 
 def reason() -> str:
+    if _CONFIGURED:
+        return f"model.cpu_linear={_CONFIGURED[0]} (set explicitly)"
     if os.environ.get(ENV):
         return f"{ENV}={os.environ[ENV]}"
     return ("oneDNN's inner-product kernels on this x86-64 CPU (faster than MKL's sgemm on the measured CPUs: "

@@ -25,6 +25,7 @@ try:  # transformers' "Writing model shards" bars would flood the logs at every 
 except ImportError:  # pragma: no cover
     pass
 from tether.hardware import choose_precision, precision_record
+from tether.policy import cpu_gemm
 from tether.policy.hf import HFPolicy, enable_checkpointing, load_policy, make_policy
 from tether.policy.lora import adapter_base_path, apply_lora, count_parameters, is_adapter_dir, is_lora, peft_of
 from tether.runtime import retain_freed_memory
@@ -65,6 +66,7 @@ def setup_problems(cfg: TetherConfig) -> tuple[list[dict[str, Any]], list[dict[s
     """(train, held-out) problems from a built-in task, a JSONL file or a `datasets` source. A
     file without `data.eval_path` gives up `data.eval_size` of its rows as the held-out split."""
     configure_sandbox(cfg.sandbox.backend)  # before the tasks: the code environment checks it at start
+    cpu_gemm.configure(cfg.model.cpu_linear)  # process-wide, like the sandbox: this run's CPU linear kernels
     d = cfg.data
     if d.task == "hf":
         from tether.tasks.hf import setup_hf_problems
@@ -118,8 +120,6 @@ def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]
     print(f"[tether] precision: {'bf16 autocast' if policy.autocast_bf16 else 'fp32'} ("
           f"{choose_precision(m.autocast_bf16, m.device).reason})", flush=True)
     if str(m.device).startswith("cpu"):
-        from tether.policy import cpu_gemm
-
         print(f"[tether] CPU linear layers: {cpu_gemm.backend()} ({cpu_gemm.reason()})", flush=True)
     return policy
 

@@ -24,7 +24,7 @@ def gemm_backend(monkeypatch):
         cpu_gemm.reset()
     yield use
     monkeypatch.delenv(cpu_gemm.ENV, raising=False)
-    cpu_gemm.reset()
+    cpu_gemm.configure("auto")  # also forgets a model.cpu_linear a test set
 
 
 def _grads(fn, x, w, b, g):
@@ -148,3 +148,25 @@ def test_bf16_is_packed_only_where_onednn_does_bf16(gemm_backend, monkeypatch):
     policy = make_tiny_policy(hidden=64, heads=4, inter=128, seed=1)
     assert LeanDecoder(policy.model, 2, 16, bf16=False).packed
     assert not LeanDecoder(policy.model, 2, 16, bf16=True).packed
+
+
+def test_config_key_decides_over_the_environment_and_auto_gives_it_back(gemm_backend):
+    # model.cpu_linear: an explicit setting wins over TETHER_CPU_GEMM and names itself as the reason;
+    # auto hands the choice back to the variable (and the machine)
+    from tether.config import load_config
+    from tether.hardware import precision_record
+    from tether.recipes.common import setup_problems
+
+    gemm_backend("onednn" if torch.backends.mkldnn.is_available() else "torch")
+    cpu_gemm.configure("torch")
+    assert cpu_gemm.backend() == "torch" and cpu_gemm.reason() == "model.cpu_linear=torch (set explicitly)"
+    rec = precision_record("auto", "cpu", False)
+    assert rec["cpu_linear"] == "torch" and "model.cpu_linear" in rec["cpu_linear_reason"]
+    cpu_gemm.configure("auto")
+    assert cpu_gemm.reason().startswith(cpu_gemm.ENV)
+    setup_problems(load_config(None, ["model.cpu_linear=torch", "data.train_size=8", "data.eval_size=4"]))  # a run's start
+    assert cpu_gemm.backend() == "torch"
+    with pytest.raises(ValueError, match="model.cpu_linear"):
+        cpu_gemm.configure("mkl")
+    with pytest.raises(Exception, match="cpu_linear"):
+        load_config(None, ["model.cpu_linear=mkl"])

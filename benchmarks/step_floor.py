@@ -26,6 +26,7 @@ profiled time is not used for any figure but the shares.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -52,18 +53,22 @@ def _gemm_flops(key: str, shapes) -> int:
     return 2 * a[0] * a[1] * a[2] * b[2]
 
 
-def split_profile(prof, regions: tuple[str, ...]) -> dict:
-    """Per region (a torch.profiler.record_function label): seconds in GEMMs, their FLOPs, and the
-    seconds of every other op (self times of the ops that start inside the region)."""
+def region_events(prof, regions: tuple[str, ...]) -> dict[str, tuple[float, list]]:
+    """Per region found (a torch.profiler.record_function label): (its span in seconds, the ops
+    that start inside it, the region markers themselves left out)."""
     events = list(prof.events())
     spans = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name in regions}
+    return {name: ((b - a) / 1e6, [e for e in events if e.name not in regions and a <= e.time_range.start < b])
+            for name, (a, b) in spans.items()}
+
+
+def split_profile(prof, regions: tuple[str, ...]) -> dict:
+    """Per region: seconds in GEMMs, their FLOPs, and the seconds of every other op (self times)."""
     out = {}
-    for name, (a, b) in spans.items():
+    for name, (_, events) in region_events(prof, regions).items():
         gemm_s = other_s = 0.0
         flops = 0
         for e in events:
-            if e.name in regions or not a <= e.time_range.start < b:
-                continue
             t = e.self_cpu_time_total / 1e6
             if e.name in GEMM_OPS:
                 gemm_s += t
@@ -76,21 +81,14 @@ def split_profile(prof, regions: tuple[str, ...]) -> dict:
     return out
 
 
-def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps: int, compiled: bool) -> dict:
-    """Timed steps and profiled steps alternate (the profiler slows what it watches): the step
-    times are the unprofiled ones', the GEMM split the profiled ones'."""
+@contextlib.contextmanager
+def labelled_regions():
+    """Inside: `rl.run_update` runs under the profiler label "update"; yields the rollout's
+    `collect` function labelled "generate" (to pass to `run_rl_step`)."""
     import torch
 
     import tether.recipes.rl as rl
-    from bench_workers import tether_state
     from tether.rollout import collect_groups
-    from vs_trl import base_spec
-
-    spec = base_spec("tether", model_dir, precision, 1, 0)
-    flag = str(compiled).lower()
-    spec["tether_overrides"] = [f"train.compile={flag}", f"rollout.compile={flag}"]
-    cfg, st = tether_state(spec)
-    update = rl.run_update
 
     def labelled(name, fn):
         def run(*args, **kwargs):
@@ -98,10 +96,25 @@ def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps:
                 return fn(*args, **kwargs)
         return run
 
+    update = rl.run_update
     rl.run_update = labelled("update", update)
-    collect = labelled("generate", collect_groups)
-    timed, profiled = [], []
     try:
+        yield labelled("generate", collect_groups)
+    finally:
+        rl.run_update = update
+
+
+def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps: int, compiled: bool) -> dict:
+    """Timed steps and profiled steps alternate (the profiler slows what it watches): the step
+    times are the unprofiled ones', the GEMM split the profiled ones'."""
+    import torch
+
+    import tether.recipes.rl as rl
+    from paired import bench_state
+
+    cfg, st = bench_state(model_dir, precision, compiled)
+    timed, profiled = [], []
+    with labelled_regions() as collect:
         for i in range(warmup + 2 * steps):
             kind = "warm-up" if i < warmup else ("timed" if (i - warmup) % 2 == 0 else "profiled")
             if kind == "profiled":
@@ -117,8 +130,6 @@ def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps:
             st.step += 1
             print(f"  [{size}] step {i}: {metrics['time/step']:.2f} s (generate {metrics['time/generate']:.2f}, "
                   f"update {metrics['time/update']:.2f}) {kind}", flush=True)
-    finally:
-        rl.run_update = update
     med = {k: statistics.median(r[k] for r in timed) for k in timed[0] if k != "index"}
     prof_med = {k: statistics.median(r[k] for r in profiled) for k in profiled[0] if k != "index"}
     floor = prof_med["generate_gemm_s"] + prof_med["update_gemm_s"]

@@ -35,7 +35,7 @@ def main(argv=None) -> None:
 
     import tether.recipes.rl as rl
     from paired import bench_state
-    from tether.rollout import collect_groups
+    from step_floor import labelled_regions, region_events
     from vs_trl import build_model_dir, machine_description
 
     torch.set_num_threads(1)
@@ -45,41 +45,24 @@ def main(argv=None) -> None:
     m = machine_description(1)
     print(f"# {m['date']} {m['cpu']} ({m['cpu_class']}), python benchmarks/step_ops.py "
           + " ".join(argv if argv is not None else sys.argv[1:]))
-
-    def labelled(name, fn):
-        def run(*a, **k):
-            with torch.profiler.record_function(name):
-                return fn(*a, **k)
-        return run
-
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, labelled_regions() as collect:
         cfg, st = bench_state(build_model_dir(args.size, Path(tmp) / args.size), args.precision, args.compile == "true")
-        update = rl.run_update
-        rl.run_update = labelled("update", update)
-        collect = labelled("generate", collect_groups)
-        try:
-            for i in range(2):
-                met, _ = rl.run_rl_step(st, cfg, collect=collect)
-                st.step += 1
-                print(f"step {i}: {met['time/step']:.3f} s (generate {met['time/generate']:.3f}, update {met['time/update']:.3f})")
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                met, _ = rl.run_rl_step(st, cfg, collect=collect)
-            print(f"profiled step: {met['time/step']:.3f} s (the profiler slows the many small ops)")
-        finally:
-            rl.run_update = update
-    events = list(prof.events())
-    spans = {e.name: (e.time_range.start, e.time_range.end) for e in events if e.name in ("generate", "update")}
-    for region, (a, b) in spans.items():
+        for i in range(2):
+            met, _ = rl.run_rl_step(st, cfg, collect=collect)
+            st.step += 1
+            print(f"step {i}: {met['time/step']:.3f} s (generate {met['time/generate']:.3f}, update {met['time/update']:.3f})")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            met, _ = rl.run_rl_step(st, cfg, collect=collect)
+        print(f"profiled step: {met['time/step']:.3f} s (the profiler slows the many small ops)")
+    for region, (span_s, events) in region_events(prof, ("generate", "update")).items():
         agg: dict = defaultdict(lambda: [0.0, 0])
         for e in events:
-            if e.name not in spans and a <= e.time_range.start < b:
-                agg[e.name][0] += e.self_cpu_time_total / 1e6
-                agg[e.name][1] += 1
-        print(f"== {region}: {(b - a) / 1e6:.3f} s; self times sum to {sum(v[0] for v in agg.values()):.3f} s")
+            agg[e.name][0] += e.self_cpu_time_total / 1e6
+            agg[e.name][1] += 1
+        print(f"== {region}: {span_s:.3f} s; self times sum to {sum(v[0] for v in agg.values()):.3f} s")
         print(f"  {'ms':>8} {'calls':>6}  op")
         for name, (t, n) in sorted(agg.items(), key=lambda kv: -kv[1][0])[: args.rows]:
             print(f"  {t * 1000:8.1f} {n:6d}  {name[:100]}")
-
 
 if __name__ == "__main__":
     main()

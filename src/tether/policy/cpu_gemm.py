@@ -178,9 +178,10 @@ def _(x, w, b):
 def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, w, b)` for inference through oneDNN, with `w`'s packed copy when `pack` made
     one; x, w and b of one dtype (bf16 or fp32), on a CPU, and `backend()` "onednn". Eagerly the
-    kernel is called directly: a Python custom op costs ~18 us a call (measured at [4, 64] x [64, 8]:
-    42 us against 24), which a decode step of 33 matmuls would pay 64 times; under torch.compile
-    (which cannot take the packed tensor as a graph input) through the custom op."""
+    kernel is called directly, without the custom op's Python (a few us a call under inference
+    mode, ~18 us outside it); under torch.compile through the custom op, because inductor's own
+    lowering of oneDNN's linear requires the packed weight to be a compile-time constant (a lowering
+    of ours to a direct call measured no faster: docs/performance.md)."""
     if torch.compiler.is_compiling():
         return _packed_linear(x, w, b)
     if not x.numel():

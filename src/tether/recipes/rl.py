@@ -227,7 +227,6 @@ def _evaluate(st: RLState, cfg: TetherConfig, rd: RunDir, held_out, step: int) -
     return m
 
 
-@marks_phase("loop")
 def _starting_evals(st, cfg: TetherConfig, rd, held_out, sinks, resumed: bool) -> tuple[dict, dict]:
     """(first, last) evaluation: a new run evaluates the starting policy now (logged at step 0); a
     resumed one reads its evaluations so far from metrics.jsonl (step 0 = the starting policy)."""
@@ -240,6 +239,7 @@ def _starting_evals(st, cfg: TetherConfig, rd, held_out, sinks, resumed: bool) -
     return first_eval, evals[-1] if len(evals) > 1 else first_eval
 
 
+@marks_phase("loop")
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
            collect=collect_groups, build=make_train_batch, kind: str = "rl", overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json.

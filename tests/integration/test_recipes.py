@@ -120,3 +120,23 @@ def test_two_pipelines_on_two_threads_are_identical(tmp_path):
         assert len(a) == len(b) and len(keys) >= 3
         for x, y in zip(a, b):
             assert {k: x.get(k) for k in keys} == {k: y.get(k) for k in keys}, (stage, x.get("step"))
+
+
+def test_run_rl_runs_in_the_loop_phase(tmp_path, monkeypatch):
+    # the watchdog names a hung phase from these markers: the whole RL recipe is "loop"
+    import tether.recipes.rl as rl
+    from tether.phase import current_phase
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(cfg):
+        seen.append(current_phase())
+        raise Stop
+
+    monkeypatch.setattr(rl, "setup_problems", spy)
+    with pytest.raises(Stop):
+        rl.run_rl(load_config(None, TINY), tmp_path / "run")
+    assert seen == ["loop"]

@@ -102,10 +102,12 @@ def compute_microbatch_loss(
     critic: ValueModel | None = None,
     pack: bool = False,
     share: str = "off",
+    skip_inert: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The scalar loss of one micro-batch (already divided by the mini-batch's global norm)."""
-    logp, ent = compute_sequence_logprobs(policy, mb.input_ids_BT, mb.attention_mask_BT, mb.seq_group_B, temperature,
-                                          with_entropy=True, pack=pack, share=share, kept_BT=mb.kept_BT)
+    """The scalar loss of one micro-batch (already divided by the mini-batch's global norm).
+    `skip_inert`: the rows of `inert_rows` run without gradients (the loss's gradient is the same)."""
+    inert = inert_rows(mb) if skip_inert else None
+    logp, ent = _score(policy, mb, temperature, pack, share, inert)
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
     old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
@@ -140,6 +142,53 @@ def compute_microbatch_loss(
         loss = loss + algo.value.coef * vloss
         metrics["value_loss"] = vloss.detach()
     return loss, metrics
+
+
+def can_skip_inert(ctx: "UpdateContext", kl_in_loss: bool) -> bool:
+    """Whether this update may run zero-advantage sequences without gradients: `train.skip_zero_advantage`,
+    a policy loss that vanishes at A = 0 (PolicyLossFacts) and no other loss term of the policy (entropy bonus, KL in
+    the loss); not under FSDP2's sharded call (one backbone pass per call there)."""
+    algo = ctx.algo
+    return (ctx.train.skip_zero_advantage and POLICY_LOSSES.facts(algo.policy_loss.name).zero_at_zero_advantage
+            and not algo.entropy_coef and not kl_in_loss
+            and getattr(ctx.policy.model, "tether_sharded_call", None) is None)
+
+
+def inert_mask(mb: TrainBatch) -> torch.Tensor:
+    """[B] bool: sequences whose every advantage under the loss mask is exactly 0 (a GRPO group with
+    equal rewards)."""
+    return ((mb.advantages_BT == 0) | (mb.loss_mask_BT <= 0)).all(-1)
+
+
+def inert_rows(mb: TrainBatch) -> torch.Tensor | None:
+    """`inert_mask`, or None when no row is inert."""
+    inert = inert_mask(mb)
+    return inert if bool(inert.any()) else None
+
+
+def _no_grad_frac(mb: TrainBatch) -> float:
+    mask = mb.loss_mask_BT
+    return float((mask * inert_mask(mb)[:, None]).sum() / mask.sum().clamp(min=1))
+
+
+def _score(policy: HFPolicy, mb: TrainBatch, temperature: float, pack: bool, share: str,
+           inert: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies) [B, T] of `mb`; the `inert` rows in a forward without gradients (their
+    loss has none): the saving is their backward and the activations kept for it."""
+    def run(sub: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return compute_sequence_logprobs(policy, sub.input_ids_BT, sub.attention_mask_BT, sub.seq_group_B, temperature,
+                                         with_entropy=True, pack=pack, share=share, kept_BT=sub.kept_BT)
+
+    if inert is None:
+        return run(mb)
+    live, dead = (~inert).nonzero().squeeze(-1), inert.nonzero().squeeze(-1)
+    with torch.no_grad():
+        lp_dead, ent_dead = run(mb.select(dead))
+    if len(live) == 0:
+        return lp_dead, ent_dead
+    lp_live, ent_live = run(mb.select(live))
+    order = torch.cat([live, dead]).argsort().to(lp_live.device)
+    return torch.cat([lp_live, lp_dead])[order], torch.cat([ent_live, ent_dead])[order]
 
 
 @marks_phase("scoring")
@@ -213,6 +262,7 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
     ref_all = None
     if ref_policy is not None and state.kl_coef > 0 and algo.kl.placement == "loss":
         ref_all = compute_batch_logprobs(ref_policy, batch, temperature, train.micro_batch_tokens, pack, share)
+    skip = can_skip_inert(ctx, ref_all is not None)
     acc = _Acc()
     positions0 = policy.trained_positions
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -225,19 +275,27 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
             optimizer.zero_grad(set_to_none=True)
             lengths = mini.attention_mask_BT.sum(-1).tolist()
             micro = split_by_token_budget(lengths, train.micro_batch_tokens)
+            # a mini-batch without any gradient still takes its optimizer step (Adam's moments move): run it whole
+            skip_here = skip and not bool(inert_mask(mini).all())
+            finite = True  # a non-finite loss skips the step also when its non-finite rows had no backward
             for idx in micro if dp is None else dp.shard(micro, lengths):
                 rows = torch.tensor(idx)
                 mb = _trim(mini.select(rows))
                 T = mb.input_ids_BT.shape[1]
                 old = None if old_all is None else old_all[mini_idx[rows], :T]
                 ref = None if ref_all is None else ref_all[mini_idx[rows], :T]
-                loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic, pack, share)
-                loss.backward()
+                loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic, pack,
+                                                  share, skip_here)
+                if loss.requires_grad:  # not when every row of this micro-batch was inert
+                    loss.backward()
+                if skip:
+                    m["no_grad_token_frac"] = _no_grad_frac(mb) if skip_here else 0.0
+                    finite = finite and bool(torch.isfinite(loss.detach()))
                 acc.add(m, float(mb.loss_mask_BT.sum()))
             acc.end_minibatch()
             if dp is not None:
                 dp.reduce_grads(params)
-            grad_norms.append(_step(optimizer, scheduler, params, train, state))
+            grad_norms.append(_step(optimizer, scheduler, params, train, state, finite))
     if dp is not None:
         dp.reduce_metrics(acc)
         dp.end()
@@ -285,16 +343,17 @@ def _count_bad_step(optimizer, state: UpdateState, max_bad_steps: int, what: str
     return float("nan")
 
 
-def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState) -> float:
+def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState,
+                    finite_loss: bool = True) -> float:
     """Clip, check finiteness, step, check the weights; returns the gradient norm (NaN: skipped).
 
-    A non-finite gradient skips the step, a step that makes a weight non-finite is undone; both are
+    A non-finite gradient (or `finite_loss=False`) skips the step, a step that makes a weight non-finite is undone; both are
     counted (`state.nonfinite_steps`) and `max_bad_steps` in a row raise `TrainingHalted`."""
     total = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
     if hasattr(total, "full_tensor"):  # FSDP2 shards (tether.dist.fsdp): the norm over every rank
         total = total.full_tensor()
     total_f = float(total)
-    if not torch.isfinite(total):
+    if not (finite_loss and torch.isfinite(total)):
         return _count_bad_step(optimizer, state, max_bad_steps, "a non-finite loss or gradient")
     if not do_checked_step(optimizer, params):
         return _count_bad_step(optimizer, state, max_bad_steps, "an update that made the weights non-finite (undone)")
@@ -304,5 +363,5 @@ def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_b
     return total_f
 
 
-def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState) -> float:
-    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state)
+def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState, finite_loss: bool = True) -> float:
+    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state, finite_loss)

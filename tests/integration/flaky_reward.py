@@ -10,3 +10,8 @@ def reward(text, task, **kwargs):
 def letter_fraction(text, task, **kwargs):
     """Dense, easy signal for smoke tests: the fraction of characters in 'abcdefgh'."""
     return sum(c in "abcdefgh" for c in text) / max(len(text), 1)
+
+
+def starts_with_letter(text, task, **kwargs):
+    """Binary and about even on a random model: some groups all 0 or all 1 (no GRPO signal), some mixed."""
+    return float(text[:1] in "abcdefghijklm")

@@ -64,3 +64,22 @@ def test_option_runs_and_reports(tmp_path, name):
         assert all("off_policy_mask_frac" in r and "is_weight_mean" in r for r in steps)
     if name == "dynamic_sampling_shaping":
         assert all("dynamic_sampling/rounds" in r and "compact/masked_frac" in r for r in steps)
+
+
+def test_zero_advantage_skip_gives_the_same_run(tmp_path):
+    """Through the real RL step: with `train.skip_zero_advantage` (the default) the groups whose rewards
+    are all equal run forward only, and the run is the one without it: the same samples and rewards
+    at every step (which the weights decide after the first) and the same losses and gradient norms."""
+    base = BASE + ["reward.components=[{name: 'tests.integration.flaky_reward:starts_with_letter'}]",
+                   "rollout.n=2", "rollout.problems_per_step=6", "train.steps=3"]
+    runs = {}
+    for skip in ("true", "false"):
+        run_rl(load_config(None, base + [f"train.skip_zero_advantage={skip}"]), tmp_path / skip)
+        rows = [json.loads(line) for line in open(tmp_path / skip / "metrics.jsonl")]
+        runs[skip] = [r for r in rows if "pg_loss" in r]
+    assert any(0 < r["no_grad_token_frac"] < 1 for r in runs["true"])  # some groups were skipped, not all
+    assert all("no_grad_token_frac" not in r for r in runs["false"])
+    for a, b in zip(runs["true"], runs["false"]):
+        assert a["frac_zero_variance_groups"] == b["frac_zero_variance_groups"]
+        for k in ("reward/mean", "pg_loss", "entropy", "grad_norm", "clip_frac", "logp_gap_mean", "rollout_kl_k3"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k

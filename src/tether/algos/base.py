@@ -116,8 +116,20 @@ class AdvantageFacts:
     reads_token_rewards: bool = False
 
 
+@dataclass(frozen=True)
+class PolicyLossFacts:
+    """What the update may assume of a policy loss (asked instead of its name, DESIGN.md rule 12).
+
+    zero_at_zero_advantage: every term is a multiple of the advantage, so where A = 0 the per-token
+        loss and its gradient are exactly 0 (the update then runs such sequences forward only,
+        `train.skip_zero_advantage`); tests/unit/core/test_update_inert.py checks each built-in
+    """
+
+    zero_at_zero_advantage: bool = False
+
+
 ADVANTAGES: Registry[Callable] = Registry("advantage estimator", AdvantageFacts())
-POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
+POLICY_LOSSES: Registry[Callable] = Registry("policy loss", PolicyLossFacts())
 KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator")
 IS_CORRECTIONS: Registry[Callable] = Registry("importance-sampling correction")
 GROUP_FILTERS: Registry[Callable] = Registry("group filter")

@@ -26,7 +26,9 @@ import math
 
 import torch
 
-from tether.algos.base import POLICY_LOSSES, Metrics, PolicyLossInputs
+from tether.algos.base import POLICY_LOSSES, Metrics, PolicyLossFacts, PolicyLossInputs
+
+LINEAR_IN_ADVANTAGE = PolicyLossFacts(zero_at_zero_advantage=True)
 from tether.config import PolicyLossConfig
 
 
@@ -120,7 +122,7 @@ def _clipped_surrogate(
     return _where_mask(loss_BT, keep_BT), metrics
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip", LINEAR_IN_ADVANTAGE)
 def compute_ppo_clip_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate (Schulman et al., arXiv 1707.06347 §3, Eq. 7), per token.
 
@@ -139,7 +141,7 @@ def compute_ppo_clip_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple
     return loss_BT, metrics
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", LINEAR_IN_ADVANTAGE)
 def compute_gspo_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """GSPO (Zheng et al., arXiv 2507.18071 §4), in its GSPO-token form (§4.3).
 
@@ -166,7 +168,7 @@ def compute_gspo_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[tor
     return _where_mask(loss_BT, keep_BT), metrics
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", LINEAR_IN_ADVANTAGE)
 def compute_cispo_loss(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """CISPO (MiniMax-M1, arXiv 2506.13585 §3.1): -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi.
 

@@ -1,0 +1,96 @@
+"""Zero-advantage sequences forward only (`train.skip_zero_advantage`), against every sequence through
+the backward, on the benchmark's RL step.
+
+    python benchmarks/zero_adv_skip.py [--size small] [--precision fp32] [--fractions 0,0.25,0.5,0.75]
+                                       [--pairs 3] [--out benchmarks/results/zero_adv_skip.json]
+
+vs_trl.py's benchmark step (8 prompts x 8 completions of the reverse task, dense reward) with the
+advantages of the first k of its 8 groups set to 0 after the credit assignment, as GRPO gives a
+group whose rewards are all equal (`frac_zero_variance_groups` of a run); k = fraction x 8. At each
+fraction the two settings run paired (paired.py: the same state and seed before every step, ABBA,
+medians of `--pairs` steps each). Expected: the update shrinks by about 2/3 of the zero-advantage
+share (a forward is ~1/3 of forward + backward), the sampling not at all. The same update in
+both settings is tests/unit/core/test_update_inert.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def zeroing_build(k: int):
+    """make_train_batch, then the first k groups' advantages set to 0."""
+    from tether.recipes.rl import make_train_batch
+
+    def build(st, cfg, groups):
+        batch, bm = make_train_batch(st, cfg, groups)
+        batch.advantages_BT[batch.seq_group_B < k] = 0.0
+        return batch, bm
+    return build
+
+
+def at_fraction(cfg, st, k: int, pairs: int, label: str) -> dict:
+    import tether.recipes.rl as rl
+    from paired import paired_steps
+
+    def setting(on: bool):
+        def apply():
+            cfg.train.skip_zero_advantage = on
+        return apply
+
+    original = rl.run_rl_step
+    rl.run_rl_step = functools.partial(original, build=zeroing_build(k))
+    try:
+        return paired_steps(cfg, st, {"full": setting(False), "skip": setting(True)}, pairs, label)
+    finally:
+        rl.run_rl_step = original
+        cfg.train.skip_zero_advantage = True
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="small", choices=("small", "large"))
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--compiled", action="store_true", help="both compilations on (train.compile, rollout.compile)")
+    ap.add_argument("--fractions", default="0,0.25,0.5,0.75")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--out", default=str(HERE / "results" / "zero_adv_skip.json"))
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from paired import bench_state
+    from vs_trl import build_model_dir, machine_description
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    out = {"command": "python benchmarks/zero_adv_skip.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "machine": machine_description(1), "size": args.size, "precision": args.precision,
+           "compiled": args.compiled, "groups": 8, "fractions": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, st = bench_state(build_model_dir(args.size, Path(tmp) / args.size), args.precision, args.compiled)
+        for f in (float(x) for x in args.fractions.split(",")):
+            k = round(f * 8)
+            res = at_fraction(cfg, st, k, args.pairs, f"{args.size} {args.precision} zero-advantage {k}/8")
+            res["expected_update_ratio"] = 1 - 2 / 3 * k / 8
+            out["fractions"][f"{k}/8"] = res
+    out["wall_s"] = time.time() - t0
+    print("\nzero-advantage groups | update skip/full (expected ~) | step skip/full")
+    for key, r in out["fractions"].items():
+        print(f"  {key:5s} | {r['b_over_a']['update_s']:.3f} ({r['expected_update_ratio']:.3f}) | {r['b_over_a']['step_s']:.3f}")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -177,7 +177,8 @@ def _score(policy: HFPolicy, mb: TrainBatch, temperature: float, pack: bool, sha
     loss has none): the saving is their backward and the activations kept for it."""
     def run(sub: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return compute_sequence_logprobs(policy, sub.input_ids_BT, sub.attention_mask_BT, sub.seq_group_B, temperature,
-                                         with_entropy=True, pack=pack, share=share, kept_BT=sub.kept_BT)
+                                         with_entropy=True, pack=pack, share=share, kept_BT=sub.kept_BT,
+                                         needed_BT=sub.loss_mask_BT > 0)
 
     if inert is None:
         return run(mb)
@@ -205,7 +206,8 @@ def compute_batch_logprobs(policy: HFPolicy, batch: TrainBatch, temperature: flo
         kept = None if mb.kept_BT is None else mb.kept_BT[:, :T]
         with adapters_disabled(policy.model) if policy.base_only else nullcontext():  # LoRA: the reference is the base
             lp, _ = compute_sequence_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T],
-                                              mb.seq_group_B, temperature, pack=pack, share=share, kept_BT=kept)
+                                              mb.seq_group_B, temperature, pack=pack, share=share, kept_BT=kept,
+                                              needed_BT=mb.loss_mask_BT[:, :T] > 0)
         out[rows, :T] = lp.float().cpu()
     return out
 

@@ -135,6 +135,7 @@ def compute_logprobs_shared(
     with_entropy: bool = False,
     chunk_size: int = 256,
     kept_BT: torch.Tensor | None = None,
+    needed_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`compute_logprobs` with each group's shared prefix computed once (same [B, T] outputs).
 
@@ -157,6 +158,12 @@ def compute_logprobs_shared(
         kept = kept_BT.cpu()
         p_kept = _pad_rows([kept[rep[g], :prefix[g]] for g in order], 0, kept.dtype)[0][:, 1:].to(dev)
         s_kept = _pad_rows([kept[b, int(P_B[b]):lengths[b]] for b in range(len(lengths))], 0, kept.dtype)[0]
+    p_need = s_need = None
+    if needed_BT is not None:  # a prefix position is needed when any of its group's sequences needs it
+        need = needed_BT.cpu().bool()
+        p_need = _pad_rows([need[[b for b, gb in enumerate(groups) if gb == g], :prefix[g]].any(0) for g in order],
+                           False, torch.bool)[0][:, 1:].to(dev)
+        s_need = _pad_rows([need[b, int(P_B[b]):lengths[b]] for b in range(len(lengths))], False, torch.bool)[0]
     Pmax, Smax = p_ids.shape[1], s_ids.shape[1]
     S_B = s_mask.sum(-1).tolist()
     buckets = plan_suffix_buckets(S_B)
@@ -167,13 +174,14 @@ def compute_logprobs_shared(
         else:
             hidden_P, suffix = _hf_hidden(policy, backbone, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets)
     lp_P, ent_P = compute_head_logprobs(model, hidden_P[:, :-1], p_ids[:, 1:].to(dev), temperature, with_entropy, chunk_size,
-                                        p_kept)
+                                        p_kept, p_need)
     lps, ents = [], []
     for r, W, h, idx in suffix:
         last_P = hidden_P[idx, (P_B[r] - 1).to(dev)][:, None]  # predicts each sequence's first suffix token
         lp_b, ent_b = compute_head_logprobs(model, torch.cat([last_P, h[:, :-1]], dim=1), s_ids[r, :W].to(dev),
                                             temperature, with_entropy, chunk_size,
-                                            None if s_kept is None else s_kept[r, :W].to(dev))
+                                            None if s_kept is None else s_kept[r, :W].to(dev),
+                                            None if s_need is None else s_need[r, :W].to(dev))
         lps.append(F.pad(lp_b, (0, Smax - W)))
         ents.append(F.pad(ent_b, (0, Smax - W)))
     inv = torch.argsort(torch.cat([r for r, *_ in suffix])).to(dev)  # bucket order -> row order
@@ -267,23 +275,27 @@ def compute_sequence_logprobs(
     pack: bool = True,
     share: str = "auto",
     kept_BT: torch.Tensor | None = None,
+    needed_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The update's scorer: prefix sharing ("on"; "auto": when it runs fewer token positions than
     the packed or padded alternative), else `compute_logprobs`. Same outputs either way.
-    `kept_BT`: the sampler's truncation per token (`tether.policy.hf.apply_sampling_mask`)."""
+    `kept_BT`: the sampler's truncation per token (`tether.policy.hf.apply_sampling_mask`);
+    `needed_BT`: the positions whose log-prob is read (a loss mask); the others are 0, without the
+    LM head's work (`compute_head_logprobs`)."""
     from tether.policy.scoring import compute_logprobs
 
     sharded = getattr(policy.model, "tether_sharded_call", None)
     if sharded is not None:  # FSDP2 (tether.dist.fsdp): under the root unit's unshard, one backbone pass per call
         return sharded(lambda: compute_logprobs(policy, input_ids_BT, attention_mask_BT, temperature,
-                                                with_entropy=with_entropy, pack=pack, kept_BT=kept_BT))
+                                                with_entropy=with_entropy, pack=pack, kept_BT=kept_BT,
+                                                needed_BT=needed_BT))
     if share != "off" and group_B is not None and supports_prefix_sharing(policy.model):
         lengths = attention_mask_BT.long().sum(-1).tolist()
         if share == "on" or _shared_is_cheaper(input_ids_BT, lengths, group_B, pack):
             return compute_logprobs_shared(policy, input_ids_BT, attention_mask_BT, group_B, temperature, with_entropy,
-                                           kept_BT=kept_BT)
+                                           kept_BT=kept_BT, needed_BT=needed_BT)
     return compute_logprobs(policy, input_ids_BT, attention_mask_BT, temperature, with_entropy=with_entropy, pack=pack,
-                            kept_BT=kept_BT)
+                            kept_BT=kept_BT, needed_BT=needed_BT)
 
 
 def _shared_is_cheaper(ids_BT: torch.Tensor, lengths_B: list[int], group_B: torch.Tensor, pack: bool) -> bool:

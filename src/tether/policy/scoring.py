@@ -89,9 +89,11 @@ def compute_logprobs(
     chunk_size: int = 256,
     pack: bool = False,
     kept_BT: torch.Tensor | None = None,
+    needed_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs (and entropies) of `input_ids_BT` under the policy at `temperature`
-    (and under the sampler's truncation where `kept_BT`, aligned with the ids, is > 0).
+    (and under the sampler's truncation where `kept_BT`, aligned with the ids, is > 0); where
+    `needed_BT` (aligned with the ids) is False, 0 without the LM head's work.
 
     Returns logp_BT, entropy_BT: [B,T]; entry t scores token t given tokens < t; column 0 is 0.
     Sequences are right-padded (positions are 0..L-1 for real tokens). Gradients flow when
@@ -113,16 +115,22 @@ def compute_logprobs(
             hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
     count_trained(policy, hidden.shape[0] * hidden.shape[1])
     kept = None if kept_BT is None else kept_BT[:, 1:].to(ids.device)
-    lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size, kept)
+    need = None if needed_BT is None else needed_BT[:, 1:].bool()
+    lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size, kept, need)
     zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
     return torch.cat([zero, lp], dim=1), torch.cat([zero, ent], dim=1)
 
 
 def compute_head_logprobs(model, h_BTH: torch.Tensor, targets_BT: torch.Tensor, temperature: float = 1.0,
                           with_entropy: bool = False, chunk_size: int = 256,
-                          kept_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          kept_BT: torch.Tensor | None = None,
+                          needed_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(targets_BT[:, t] | h_BTH[:, t]) and entropies via the LM head, in chunks of positions
-    (checkpointed under grad), so the B x T x V logits never exist at once."""
+    (checkpointed under grad), so the B x T x V logits never exist at once. `needed_BT` (bool):
+    only those positions go through the head (a loss mask: prompts, tool outputs and padding need
+    none); the others come back 0."""
+    if needed_BT is not None and not bool(needed_BT.all()):
+        return _needed_only(model, h_BTH, targets_BT, temperature, with_entropy, chunk_size, kept_BT, needed_BT)
     _, head = _backbone_and_head(model)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
@@ -140,3 +148,16 @@ def compute_head_logprobs(model, h_BTH: torch.Tensor, targets_BT: torch.Tensor, 
         empty = h_BTH.new_zeros(h_BTH.shape[:2], dtype=torch.float32)
         return empty, empty
     return torch.cat(lps, dim=1), torch.cat(ents, dim=1)
+
+
+def _needed_only(model, h_BTH, targets_BT, temperature, with_entropy, chunk_size, kept_BT, needed_BT):
+    """`compute_head_logprobs` on the needed positions as one row of M positions (chunks of as many
+    positions as a chunk of B rows holds), scattered back into zeros [B, T]."""
+    idx = needed_BT.to(h_BTH.device).nonzero(as_tuple=True)
+    B, T = targets_BT.shape
+    out = h_BTH.new_zeros((B, T), dtype=torch.float32), h_BTH.new_zeros((B, T), dtype=torch.float32)
+    if len(idx[0]) == 0:
+        return out
+    lp, ent = compute_head_logprobs(model, h_BTH[idx][None], targets_BT.to(h_BTH.device)[idx][None], temperature,
+                                    with_entropy, chunk_size * B, None if kept_BT is None else kept_BT[idx][None])
+    return out[0].index_put(idx, lp[0].float()), out[1].index_put(idx, ent[0].float())

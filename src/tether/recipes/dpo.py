@@ -110,7 +110,7 @@ def score_sides(policy: HFPolicy, sides: Sequence[Side]) -> tuple[torch.Tensor, 
     seqs = [(s, ids, m) for s, side in enumerate(sides) for ids, m in side]
     recs = [SeqRecord(tuple(ids), tuple(m), (0.0,) * len(ids), (0.0,) * len(ids), s, s, 0.0, True) for s, ids, m in seqs]
     p = pad_records(recs, policy.pad_id)
-    logp_BT, _ = compute_logprobs(policy, p.input_ids_BT, p.attention_mask_BT)
+    logp_BT, _ = compute_logprobs(policy, p.input_ids_BT, p.attention_mask_BT, needed_BT=p.loss_mask_BT > 0)
     return compute_sequence_logps(logp_BT, p.loss_mask_BT.to(logp_BT.device), p.group_B, len(sides))
 
 

@@ -113,9 +113,10 @@ def _sft_step(policy: HFPolicy, optimizer, scheduler, batch: list[SeqRecord], cf
         T = int(am.sum(-1).max())
         # every demonstration may share the batch's common prefix (a system prompt, tool schemas): computed
         # once when that runs fewer positions (tether.policy.prefix; same log-probs), else padded rows
+        mask = padded.loss_mask_BT[rows, :T]
         logp, _ = compute_sequence_logprobs(policy, padded.input_ids_BT[rows, :T], am[:, :T], torch.zeros(len(idx), dtype=torch.long),
-                                            pack=False, share=cfg.train.share_prefix)
-        mask = padded.loss_mask_BT[rows, :T].to(logp.device)
+                                            pack=False, share=cfg.train.share_prefix, needed_BT=mask > 0)
+        mask = mask.to(logp.device)
         loss = agg_loss(-logp, mask, "token_mean", norm)
         loss.backward()
         total += float(loss.detach())

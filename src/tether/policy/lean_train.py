@@ -83,11 +83,13 @@ def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def _attend(q, k, v, keep, groups: int):
     """q [R, heads, Wq, d] (fp32 after the rotary step), k/v [R, kv_heads, Wk, d], keep [R, 1, Wq, Wk]
-    -> [R, heads, Wq, d]: bf16 matmuls around an fp32 softmax under autocast (what transformers'
-    eager attention does); above EAGER_MAX_SCORES fp32 SDPA, which never holds the score tensor."""
+    -> [R, heads, Wq, d]. bf16 (k/v in bf16): bf16 matmuls around an fp32 softmax (what
+    transformers' eager attention does under autocast), above EAGER_MAX_SCORES fp32 SDPA, which
+    never holds the score tensor. fp32: SDPA (what transformers' sdpa runs without autocast; on
+    the demo's buckets 1.5x faster forward + backward than the matmul-softmax-matmul, docs/performance.md)."""
     kk, vv = _repeat_kv(k, groups), _repeat_kv(v, groups)  # grouped-query attention
     R, H, Wq, d = q.shape
-    if R * H * Wq * kk.shape[2] <= EAGER_MAX_SCORES:
+    if kk.dtype != torch.float32 and R * H * Wq * kk.shape[2] <= EAGER_MAX_SCORES:
         scores = torch.matmul(q, kk.transpose(-1, -2)).float() * (d ** -0.5)
         scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
         return torch.matmul(torch.softmax(scores, dim=-1), vv)

@@ -85,10 +85,23 @@ def test_lean_forward_grouped_query_and_biases(policy, name):
 
 
 def test_long_sequences_use_sdpa_with_the_same_result(policy, monkeypatch):
+    """bf16: the matmul-softmax attention up to EAGER_MAX_SCORES, fp32 SDPA above (fp32 runs SDPA always)."""
     ids, mask, group = _batch(len(policy.tokenizer), seed=4)
-    eager = _run(policy, "eager", False, ids, mask, group)
+    eager = _run(policy, "eager", True, ids, mask, group)
+    calls = []
+    sdpa = lean_train.F.scaled_dot_product_attention
+    monkeypatch.setattr(lean_train.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
     monkeypatch.setattr(lean_train, "EAGER_MAX_SCORES", 0)  # every layer takes the SDPA branch
-    _assert_same(eager, _run(policy, "eager", False, ids, mask, group), mask, 1e-5, 1e-4)
+    _assert_same(eager, _run(policy, "eager", True, ids, mask, group), mask, 5e-2, 5e-2)
+    assert calls
+
+
+def test_fp32_attention_is_sdpa_and_compiles(policy):
+    """fp32 attention goes through SDPA, eager and compiled, with transformers' fp32 results."""
+    ids, mask, group = _batch(len(policy.tokenizer), seed=2)
+    exact = _run(policy, "off", False, ids, mask, group)
+    _assert_same(exact, _run(policy, "eager", False, ids, mask, group), mask, 1e-5, 1e-4)
+    _assert_same(exact, _run(policy, "compile", False, ids, mask, group), mask, 1e-4, 1e-3)
 
 
 def test_models_it_cannot_reproduce_use_transformers(policy):

@@ -48,29 +48,13 @@ def main(argv=None) -> dict:
     import torch
 
     import tether.update as update
-    from tether.config import load_config
-    from tether.policy.hf import load_policy
-    from tether.recipes.common import precision_summary, seed_everything, setup_problems
-    from tether.recipes.demo import demo_config_path
+    from tether.recipes.common import precision_summary
     from tether.recipes.rl import RLState, make_train_batch
-    from tether.recipes.sft import run_sft
     from tether.rollout import collect_groups
     from vs_trl import machine_description
 
     t0 = time.time()
-    base = [f"run.threads={args.threads}", "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0",
-            "health.mode=off", "sft.steps=100"]
-    cfg = load_config(demo_config_path(), base + ([f"model.path={args.model}"] if args.model else []))
-    seed_everything(cfg.run.seed, False, cfg.run.threads, cfg.run.retain_memory)
-    if args.model:
-        policy = load_policy(args.model, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
-    else:
-        with tempfile.TemporaryDirectory(prefix="tether-ab-") as tmp:
-            policy, _ = run_sft(cfg, Path(tmp) / "sft")
-    torch.set_num_threads(args.threads)
-    train, _ = setup_problems(cfg)
-    policy.model.train()
-    st = RLState(cfg, policy, train)
+    cfg, policy, train, st = demo_state(args.model, args.threads)
 
     before, after = _settings(args.change)
 
@@ -104,6 +88,33 @@ def main(argv=None) -> dict:
     Path(path).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
     return out
+
+
+def demo_state(model: str | None, threads: int):
+    """(config, policy in train mode, problems, RL state) of the demo's RL stage, from its SFT checkpoint
+    `model`, or from a 100-step SFT cold start run here when None; seeded, `threads` torch threads."""
+    import torch
+
+    from tether.config import load_config
+    from tether.policy.hf import load_policy
+    from tether.recipes.common import seed_everything, setup_problems
+    from tether.recipes.demo import demo_config_path
+    from tether.recipes.rl import RLState
+    from tether.recipes.sft import run_sft
+
+    base = [f"run.threads={threads}", "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0",
+            "health.mode=off", "sft.steps=100"]
+    cfg = load_config(demo_config_path(), base + ([f"model.path={model}"] if model else []))
+    seed_everything(cfg.run.seed, False, cfg.run.threads, cfg.run.retain_memory)
+    if model:
+        policy = load_policy(model, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
+    else:
+        with tempfile.TemporaryDirectory(prefix="tether-demo-") as tmp:
+            policy, _ = run_sft(cfg, Path(tmp) / "sft")
+    torch.set_num_threads(threads)
+    train, _ = setup_problems(cfg)
+    policy.model.train()
+    return cfg, policy, train, RLState(cfg, policy, train)
 
 
 def _settings(change: str):

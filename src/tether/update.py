@@ -295,9 +295,11 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
                     finite = finite and bool(torch.isfinite(loss.detach()))
                 acc.add(m, float(mb.loss_mask_BT.sum()))
             acc.end_minibatch()
+            if not finite:  # what the skipped rows' backward would have done: every data-parallel rank skips the step
+                params[0].grad = torch.full_like(params[0], float("nan"))
             if dp is not None:
                 dp.reduce_grads(params)
-            grad_norms.append(_step(optimizer, scheduler, params, train, state, finite))
+            grad_norms.append(_step(optimizer, scheduler, params, train, state))
     if dp is not None:
         dp.reduce_metrics(acc)
         dp.end()
@@ -345,17 +347,16 @@ def _count_bad_step(optimizer, state: UpdateState, max_bad_steps: int, what: str
     return float("nan")
 
 
-def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState,
-                    finite_loss: bool = True) -> float:
+def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState) -> float:
     """Clip, check finiteness, step, check the weights; returns the gradient norm (NaN: skipped).
 
-    A non-finite gradient (or `finite_loss=False`) skips the step, a step that makes a weight non-finite is undone; both are
+    A non-finite gradient skips the step, a step that makes a weight non-finite is undone; both are
     counted (`state.nonfinite_steps`) and `max_bad_steps` in a row raise `TrainingHalted`."""
     total = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
     if hasattr(total, "full_tensor"):  # FSDP2 shards (tether.dist.fsdp): the norm over every rank
         total = total.full_tensor()
     total_f = float(total)
-    if not (finite_loss and torch.isfinite(total)):
+    if not torch.isfinite(total):
         return _count_bad_step(optimizer, state, max_bad_steps, "a non-finite loss or gradient")
     if not do_checked_step(optimizer, params):
         return _count_bad_step(optimizer, state, max_bad_steps, "an update that made the weights non-finite (undone)")
@@ -365,5 +366,5 @@ def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_b
     return total_f
 
 
-def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState, finite_loss: bool = True) -> float:
-    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state, finite_loss)
+def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState) -> float:
+    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state)

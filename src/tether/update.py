@@ -102,11 +102,10 @@ def compute_microbatch_loss(
     critic: ValueModel | None = None,
     pack: bool = False,
     share: str = "off",
-    skip_inert: bool = False,
+    inert: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar loss of one micro-batch (already divided by the mini-batch's global norm).
-    `skip_inert`: the rows of `inert_rows` run without gradients (the loss's gradient is the same)."""
-    inert = inert_rows(mb) if skip_inert else None
+    `inert` ([B] bool, `inert_mask`): rows run without gradients (the loss's gradient is the same)."""
     logp, ent = _score(policy, mb, temperature, pack, share, inert)
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
@@ -160,17 +159,6 @@ def inert_mask(mb: TrainBatch) -> torch.Tensor:
     return ((mb.advantages_BT == 0) | (mb.loss_mask_BT <= 0)).all(-1)
 
 
-def inert_rows(mb: TrainBatch) -> torch.Tensor | None:
-    """`inert_mask`, or None when no row is inert."""
-    inert = inert_mask(mb)
-    return inert if bool(inert.any()) else None
-
-
-def _no_grad_frac(mb: TrainBatch) -> float:
-    mask = mb.loss_mask_BT
-    return float((mask * inert_mask(mb)[:, None]).sum() / mask.sum().clamp(min=1))
-
-
 def _score(policy: HFPolicy, mb: TrainBatch, temperature: float, pack: bool, share: str,
            inert: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs, entropies) [B, T] of `mb`; the `inert` rows in a forward without gradients (their
@@ -180,7 +168,7 @@ def _score(policy: HFPolicy, mb: TrainBatch, temperature: float, pack: bool, sha
                                          with_entropy=True, pack=pack, share=share, kept_BT=sub.kept_BT,
                                          needed_BT=sub.loss_mask_BT > 0)
 
-    if inert is None:
+    if inert is None or not bool(inert.any()):
         return run(mb)
     live, dead = (~inert).nonzero().squeeze(-1), inert.nonzero().squeeze(-1)
     with torch.no_grad():
@@ -286,12 +274,15 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
                 T = mb.input_ids_BT.shape[1]
                 old = None if old_all is None else old_all[mini_idx[rows], :T]
                 ref = None if ref_all is None else ref_all[mini_idx[rows], :T]
+                inert = inert_mask(mb) if skip_here else None
                 loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic, pack,
-                                                  share, skip_here)
+                                                  share, inert)
                 if loss.requires_grad:  # not when every row of this micro-batch was inert
                     loss.backward()
                 if skip:
-                    m["no_grad_token_frac"] = _no_grad_frac(mb) if skip_here else 0.0
+                    lm = mb.loss_mask_BT  # the share of loss tokens that ran forward only
+                    m["no_grad_token_frac"] = 0.0 if inert is None else float((lm * inert[:, None]).sum()
+                                                                              / lm.sum().clamp(min=1))
                     finite = finite and bool(torch.isfinite(loss.detach()))
                 acc.add(m, float(mb.loss_mask_BT.sum()))
             acc.end_minibatch()

@@ -88,7 +88,7 @@ def test_skipping_is_off_when_the_loss_has_another_term(base_policy):  # noqa: F
 @pytest.mark.parametrize("loss", POLICY_LOSSES.names())
 def test_listed_losses_vanish_at_zero_advantage(loss):
     """Every built-in policy loss is checked: one whose facts say so has exactly zero loss and gradient
-    where A = 0, and one that does not say so has not (so the facts are not merely conservative)."""
+    where A = 0; one whose facts say False must not vanish (no built-in says False today)."""
     g = torch.Generator().manual_seed(0)
     logp = (-torch.rand(4, 6, generator=g) * 3).requires_grad_()
     old = logp.detach() + 0.3 * torch.randn(4, 6, generator=g)

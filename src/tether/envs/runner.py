@@ -50,6 +50,7 @@ from tether.policy.chat import (
     is_prefix_preserving,
 )
 from tether.policy.hf import HFPolicy, run_generate
+from tether.policy.kv_reuse import carry_turn_kv
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup, Turn
 
 log = logging.getLogger(__name__)
@@ -265,34 +266,38 @@ def run_env_rollouts(
     max_ctx = cfg.max_context_tokens or (policy.max_positions - sampling.max_new_tokens)
     cache: dict[str, tuple[int, ...]] = {}
     t_gen = t_env = 0.0
-    try:
-        for _ in range(cfg.max_turns):
-            live = [e for e in episodes if e.stop is None]
-            for e in live:
-                if time.monotonic() - e.start > cfg.episode_timeout_s:
-                    e.stop = StopReason.TIMEOUT
-            live = [e for e in live if e.stop is None]
-            if not live:
-                break
-            t1 = time.perf_counter()
-            _run_summaries(policy, live, cfg, sampling, cache, generator, generate, counts)
-            ctxs = [_build_context(policy, e, cfg, cache, max_ctx, on_drift, counts) for e in live]
-            ready = [(e, c) for e, c in zip(live, ctxs) if c is not None]
-            if not ready:
-                break
-            samples = generate(policy, [c for _, c in ready], sampling, generator, batch_size=batch_size, greedy=greedy)
-            t2 = time.perf_counter()
-            actions = [_make_action(policy, s) for s in samples]
-            outs = run_calls([lambda e=e, a=a: e.env.step(a) for (e, _), a in zip(ready, actions)], cfg.step_timeout_s)
-            for (e, c), s, a, o in zip(ready, samples, actions, outs):
-                _record(policy, e, c, s, a, o, cfg, counts)
-            t_gen, t_env = t_gen + (t2 - t1), t_env + (time.perf_counter() - t2)
-    finally:
-        _close(episodes)
+    with carry_turn_kv(policy) as store:  # keys/values from one turn's sampling to the next's prefill
+        try:
+            for _ in range(cfg.max_turns):
+                live = [e for e in episodes if e.stop is None]
+                for e in live:
+                    if time.monotonic() - e.start > cfg.episode_timeout_s:
+                        e.stop = StopReason.TIMEOUT
+                live = [e for e in live if e.stop is None]
+                if not live:
+                    break
+                t1 = time.perf_counter()
+                _run_summaries(policy, live, cfg, sampling, cache, generator, generate, counts)
+                ctxs = [_build_context(policy, e, cfg, cache, max_ctx, on_drift, counts) for e in live]
+                ready = [(e, c) for e, c in zip(live, ctxs) if c is not None]
+                if not ready:
+                    break
+                samples = generate(policy, [c for _, c in ready], sampling, generator, batch_size=batch_size, greedy=greedy)
+                t2 = time.perf_counter()
+                actions = [_make_action(policy, s) for s in samples]
+                outs = run_calls([lambda e=e, a=a: e.env.step(a) for (e, _), a in zip(ready, actions)], cfg.step_timeout_s)
+                for (e, c), s, a, o in zip(ready, samples, actions, outs):
+                    _record(policy, e, c, s, a, o, cfg, counts)
+                t_gen, t_env = t_gen + (t2 - t1), t_env + (time.perf_counter() - t2)
+        finally:
+            _close(episodes)
     for e in episodes:
         e.stop = e.stop or StopReason.MAX_TURNS
     groups = [_build_group(policy, problems[g], episodes[g * n:(g + 1) * n], cfg, g) for g in range(len(problems))]
     metrics = compute_env_metrics(episodes, counts, t_gen, t_env, time.perf_counter() - t0)
+    if store is not None and store.stats["prompt_positions"]:
+        metrics["rollout/prefill_reused_frac"] = store.stats["reused_positions"] / store.stats["prompt_positions"]
+        metrics["rollout/prefill_run_frac"] = store.stats["run_positions"] / store.stats["prompt_positions"]
     _check_failure_rate(episodes, cfg)
     return groups, metrics
 

@@ -26,6 +26,8 @@ class HFPolicy:
     trained_positions: int = 0  # token positions run forward+backward so far (padding included): see count_trained
     base_only: bool = False  # a LoRA model scored with its adapters off: the KL reference (tether.policy.lora)
     weight_feed: object = None  # tether.policy.inflight.WeightFeed: newer weights taken between decode steps
+    reuse_turn_kv: bool = True  # multi-turn rollouts carry keys/values from turn to turn (tether.policy.kv_reuse)
+    turn_kv: object = None  # the store while a rollout's scope is open (tether.policy.kv_reuse.carry_turn_kv)
 
     @property
     def max_positions(self) -> int:

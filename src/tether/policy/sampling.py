@@ -23,6 +23,7 @@ import torch
 
 from tether.config import SamplingConfig
 from tether.phase import marks_phase
+from tether.policy import kv_reuse
 from tether.policy.base import HFPolicy
 from tether.policy.scoring import _backbone_and_head, fp32_head_logits
 from tether.types import Sample, StopReason
@@ -80,6 +81,8 @@ def run_generate(
     if not isinstance(policy, HFPolicy) and hasattr(policy, "generate"):
         return policy.generate(prompts, sampling, generator, batch_size=batch_size, greedy=greedy)
     out: list[Sample] = []
+    if (store := kv_reuse.active(policy)) is not None:
+        store.begin_call(policy)
     for start in range(0, len(prompts), batch_size):
         out.extend(_generate_batch(policy, prompts[start:start + batch_size], sampling, generator, greedy))
     return out
@@ -105,14 +108,19 @@ def _preallocated_layer_class():
         from transformers.cache_utils import DynamicLayer
 
         class PreallocatedLayer(DynamicLayer):
-            def __init__(self, capacity: int) -> None:
+            def __init__(self, capacity: int, past: tuple | None = None) -> None:
                 super().__init__()
-                self.capacity, self.length = capacity, 0
+                self.capacity, self.past = capacity, past  # past: keys/values of the first positions
+                self.length = 0 if past is None else past[0].shape[-2]
 
             def lazy_initialization(self, key_states, value_states) -> None:
                 self.device = key_states.device
                 self._k = key_states.new_empty((*key_states.shape[:2], self.capacity, key_states.shape[-1]))
                 self._v = value_states.new_empty((*value_states.shape[:2], self.capacity, value_states.shape[-1]))
+                if self.past is not None:  # tether.policy.kv_reuse: saved by an earlier turn
+                    self._k[:, :, :self.length] = self.past[0]
+                    self._v[:, :, :self.length] = self.past[1]
+                    self.past = None
                 self.is_initialized = True
 
             def update(self, key_states, value_states, *args, **kwargs):
@@ -136,9 +144,11 @@ def _preallocated_layer_class():
     return _PREALLOCATED_LAYER
 
 
-def _make_decode_cache(model, capacity: int):
+def _make_decode_cache(model, capacity: int, past: torch.Tensor | None = None):
     """transformers' DynamicCache with preallocated full-attention layers; any other layer kind
-    (sliding window, linear attention, ...) keeps transformers' own class."""
+    (sliding window, linear attention, ...) keeps transformers' own class. `past` [layers, 2, B,
+    kv_heads, P, head_dim]: the keys/values of the first P positions (tether.policy.kv_reuse); None
+    is returned when the cache cannot take them."""
     try:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
@@ -148,7 +158,11 @@ def _make_decode_cache(model, capacity: int):
         return None
     if getattr(cache, "layers", None) and all(type(layer) is DynamicLayer for layer in cache.layers):
         cls = _preallocated_layer_class()
-        cache.layers = [cls(capacity) for _ in cache.layers]
+        if past is not None and past.shape[0] != len(cache.layers):
+            return None
+        cache.layers = [cls(capacity, None if past is None else (past[i, 0], past[i, 1])) for i in range(len(cache.layers))]
+    elif past is not None:
+        return None
     return cache
 
 
@@ -183,22 +197,11 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
     from tether.policy import decode, inflight
 
     lean_ok, switches = policy.lean_decode and decode.supports(model), [(0, policy.version)]
-    cache = _make_decode_cache(model, W if lean_ok else W + max_new)  # the lean decoder keeps its own
     filtered = bool(sampling.top_k) or sampling.top_p < 1.0 or sampling.min_p > 0.0
     record = filtered and sampling.keep_mask and not greedy  # the sampling mask, for the trainer
     kept = torch.zeros((B, max_new), dtype=torch.int32, device=dev) if record else None
-    # the backbone under the policy's autocast, the LM head in fp32 (as the trainer scores); the lean
-    # decoder sets its own precision per op
-    uniq, rows = _distinct_prompts(prompts, dev) if lean_ok else (None, None)
-    if uniq is not None:  # each distinct prompt once (GRPO samples n per prompt); the lean decoder copies its rows
-        logits, cache = next_token_logits(model, ids[uniq], mask[uniq], pos[uniq], cache, policy.autocast_bf16)
-        lean = decode.make_lean_decoder(policy, B, W + max_new, cache, rows)
-        logits = logits[rows]
-        if lean is None:  # the lean decoder declined this cache: transformers' step needs every row's
-            cache = _make_decode_cache(model, W + max_new)
-    if uniq is None or lean is None:
-        logits, cache = next_token_logits(model, ids, mask, pos, cache, policy.autocast_bf16)
-        lean = decode.make_lean_decoder(policy, B, W + max_new, cache)  # None: transformers' forward per token
+    logits, cache, lean = _prefill(policy, prompts, ids, mask, pos, W + max_new, lean_ok)
+    store = kv_reuse.active(policy)
     key_bias = torch.zeros((B, W + max_new), dtype=torch.float32, device=dev).masked_fill_(full_mask == 0, float("-inf"))
     is_stop = torch.zeros(max(logits.shape[-1], max(policy.stop_ids) + 1), dtype=torch.bool, device=dev)
     is_stop[list(policy.stop_ids)] = True  # a lookup instead of torch.isin per token
@@ -232,7 +235,8 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
             if compact and (left := int(B - finished.sum())) < lean.batch and left <= _COMPACT * lean.batch:
                 if live is None:
                     live, all_logits = torch.arange(B, device=dev), logits.clone()
-                live, live_bias = _drop_finished(lean, live, finished, key_bias)
+                live, live_bias = _drop_finished(lean, live, finished, key_bias, None if store is None else (
+                    lambda rows, at: kv_reuse.save_rows(store, lean.k, lean.v, rows, at, prompts, tokens, lengths, W)))
             if live is None:
                 logits = lean.step(tok, next_pos[:, 0], key_bias)
             else:
@@ -241,6 +245,8 @@ def _generate_batch(policy, prompts, sampling, generator, greedy) -> list[Sample
             logits, cache = next_token_logits(model, tok[:, None], full_mask[:, :W + t + 1], next_pos, cache,
                                               policy.autocast_bf16)
         next_pos = next_pos + 1
+    if store is not None and len(switches) == 1:
+        _save_for_next_turn(store, lean, cache, live, prompts, tokens, lengths, W)
     return _to_samples(prompts, tokens.cpu(), logps.cpu(), lengths.cpu(), finished.cpu(),
                        kept.cpu() if kept is not None else None, switches)
 
@@ -261,12 +267,59 @@ def _draw(logits: torch.Tensor, sampling, greedy: bool, filtered: bool, generato
     return _sample_inverse_cdf(logp_V, generator), logp_V
 
 
-def _drop_finished(lean, live: torch.Tensor, finished: torch.Tensor, key_bias: torch.Tensor):
-    """Keep only the unfinished rows in the lean decoder: (the batch rows it now decodes, their key bias)."""
+def _drop_finished(lean, live: torch.Tensor, finished: torch.Tensor, key_bias: torch.Tensor, save=None):
+    """Keep only the unfinished rows in the lean decoder: (the batch rows it now decodes, their key bias).
+    `save(decoder rows, batch rows)` (optional) is called with the rows about to go."""
+    if save:
+        gone = finished[live].nonzero().squeeze(1)
+        save(gone.tolist(), live[gone].tolist())
     keep = (~finished[live]).nonzero().squeeze(1)  # among the decoder's current rows
     lean.keep_rows(keep)
     live = live[keep]
     return live, key_bias.index_select(0, live)
+
+
+def _prefill(policy, prompts, ids, mask, pos, capacity: int, lean_ok: bool):
+    """Run the prompts: (fp32 logits of each row's next token [B, V], transformers' cache, the
+    LeanDecoder over it or None: transformers' forward per token). The backbone under the policy's
+    autocast, the LM head in fp32 (as the trainer scores); the lean decoder sets its own precision."""
+    from tether.policy import decode
+
+    B, W = ids.shape
+    uniq, rows = _distinct_prompts(prompts, ids.device) if lean_ok else (None, None)
+    if uniq is not None:  # each distinct prompt once (GRPO samples n per prompt); the lean decoder copies its rows
+        logits, cache = _run_prompts(policy, [prompts[i] for i in uniq.tolist()], ids[uniq], mask[uniq], pos[uniq], W)
+        lean = decode.make_lean_decoder(policy, B, capacity, cache, rows)
+        if lean is not None:
+            return logits[rows], cache, lean
+    # the lean decoder keeps its own cache; transformers' step needs room for every new token
+    cap = W if lean_ok and uniq is None else capacity
+    logits, cache = _run_prompts(policy, prompts, ids, mask, pos, cap)
+    return logits, cache, decode.make_lean_decoder(policy, B, capacity, cache)
+
+
+def _run_prompts(policy, prompts, ids, mask, pos, capacity: int):
+    """One prefill forward: (logits of the last position, cache). With keys/values saved by an
+    earlier turn (tether.policy.kv_reuse), only the positions they do not cover run."""
+    model, W, store = policy.model, ids.shape[1], kv_reuse.active(policy)
+    plan = store.plan(prompts, W) if store is not None else None
+    if plan is not None:
+        s, past = plan
+        cache = _make_decode_cache(model, capacity, past)
+        if cache is not None:
+            return next_token_logits(model, ids[:, W - s:], mask, pos[:, W - s:], cache, policy.autocast_bf16)
+    return next_token_logits(model, ids, mask, pos, _make_decode_cache(model, capacity), policy.autocast_bf16)
+
+
+def _save_for_next_turn(store, lean, cache, live, prompts, tokens, lengths, W) -> None:
+    """Every row's keys/values still in the decoder at the end of a call (tether.policy.kv_reuse)."""
+    B = tokens.shape[0]
+    if lean is not None:
+        at = list(range(B)) if live is None else live.tolist()
+        kv_reuse.save_rows(store, lean.k, lean.v, list(range(len(at))), at, prompts, tokens, lengths, W)
+    elif cache is not None and all(hasattr(layer, "_k") for layer in getattr(cache, "layers", [])):
+        kv_reuse.save_rows(store, [la._k for la in cache.layers], [la._v for la in cache.layers], list(range(B)),
+                           list(range(B)), prompts, tokens, lengths, W)
 
 
 def _distinct_prompts(prompts, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -24,7 +24,8 @@ math with the model's own weights in about a third of the calls:
   bf16 at every token (a third of the decode time on the benchmark's small model).
 
 The prompt (prefill) still runs through transformers, once per distinct prompt (GRPO's n samples
-of a prompt share its keys and values: `load_prefill(rows=...)`); only the per-token step is replaced. Models
+of a prompt share its keys and values: `load_prefill(rows=...)`), and its preallocated buffers become
+the decoder's cache where they fit (`_adopt`: no copy); only the per-token step is replaced. Models
 it does not recognise exactly (`supports` is strict) use transformers' forward: no silent drift.
 Tests: tests/unit/policy/test_fast_paths.py (logits equal to transformers' forward at every step).
 """
@@ -164,12 +165,34 @@ class LeanDecoder:
         """Copy the prompt's keys/values from transformers' cache (after the prefill forward);
         `rows`: the cache row of each decoded row (a shared prefill), else one row each."""
         n = cache.layers[0].keys.shape[-2]
+        if self._adopt(cache, n, rows):
+            return
         self._grow(min(self.capacity, n + self.GROW))
         for i, layer in enumerate(cache.layers):
             self.k[i][:, :, :n] = layer.keys if rows is None else layer.keys[rows]
             self.v[i][:, :, :n] = layer.values if rows is None else layer.values[rows]
         self.length = n
 
+
+    def _adopt(self, cache, n: int, rows: torch.Tensor | None) -> bool:
+        """Take transformers' preallocated buffers over as this decoder's cache when they fit (this
+        precision, contiguous, room past the prompt): no copy of the prompt's keys/values, or with
+        `rows` one gather of them (instead of a gather, then a copy into a window)."""
+        bufs = [(getattr(layer, "_k", None), getattr(layer, "_v", None)) for layer in cache.layers]
+        batch = self.batch if rows is None else None
+        if len(bufs) != len(self.layers) or not all(
+                k is not None and v is not None and k.dtype == v.dtype == self.dtype and k.shape == v.shape
+                and k.shape[0] == (batch or k.shape[0]) and n < k.shape[2] <= self.capacity and k.is_contiguous()
+                and v.is_contiguous() for k, v in bufs):
+            return False
+        if rows is None:
+            self.k, self.v = [k for k, _ in bufs], [v for _, v in bufs]
+        else:
+            self.k, self.v = [k.index_select(0, rows) for k, _ in bufs], [v.index_select(0, rows) for _, v in bufs]
+        for t in (*self.k, *self.v):
+            t[:, :, n:].zero_()  # never written: zeros under the -inf bias (uninitialised memory may hold NaN)
+        self.window, self.length, self._bias = int(self.k[0].shape[2]), n, None
+        return True
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop every row not in `rows` (indices into the current batch, in order): the cache, the

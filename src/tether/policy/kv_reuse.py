@@ -23,7 +23,8 @@ precision and model, and emptied when any of them changes; nothing is saved or r
 in-flight weight update can arrive (policy.weight_feed); entries not matched within two calls
 are dropped (a summary call may sit between two turns), and the whole store when the runner's
 scope closes. A row's saved keys/values cost what the decoder's cache held for it (the demo:
-3 KB per token in fp32).
+3 KB per token in fp32), so between two calls the store holds about one batch's cache; the next
+prefill copies them row by row into its own cache, with no batch-sized copy in between.
 """
 
 from __future__ import annotations
@@ -32,25 +33,39 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
-_BASE, _MOD = 1_000_003, (1 << 61) - 1
 KEEP_CALLS = 2  # an entry not matched within this many generate calls is dropped
+_WEIGHTS = np.zeros(0, dtype=np.uint64)  # the hash's per-position weights, grown on demand
+_RNG = np.random.default_rng(0x7E7)
 
 
-def _prefix_hashes(tokens: Sequence[int]) -> list[int]:
-    """h[L]: a polynomial hash of tokens[:L], for every L (0..len)."""
-    out, h = [0], 0
-    for t in tokens:
-        h = (h * _BASE + int(t) + 1) % _MOD
-        out.append(h)
-    return out
+def _prefix_hashes(tokens: Sequence[int]) -> np.ndarray:
+    """h[L-1]: a hash of tokens[:L] for every L >= 1 (sum of token x weight_position mod 2^64, random odd
+    weights; a match is checked token by token, so a collision can cost a lookup, never a wrong answer)."""
+    global _WEIGHTS
+    n = len(tokens)
+    if n > len(_WEIGHTS):
+        more = _RNG.integers(0, 1 << 62, size=max(n, 2 * len(_WEIGHTS), 1024) - len(_WEIGHTS), dtype=np.uint64)
+        _WEIGHTS = np.concatenate([_WEIGHTS, more * np.uint64(2) + np.uint64(1)])
+    return np.cumsum(np.asarray(tokens, dtype=np.uint64) * _WEIGHTS[:n], dtype=np.uint64)
+
+
+def _hash(tokens: Sequence[int]) -> int:
+    return int(_prefix_hashes(tokens)[-1]) if len(tokens) else 0
 
 
 @dataclass
 class _Entry:
+    """A saved sequence: its keys/values are row `row`, columns start..start + len(tokens), of the
+    per-layer tensors `keys`/`values` [rows, kv_heads, positions, head_dim]."""
+
     tokens: tuple[int, ...]
-    kv: torch.Tensor  # [layers, 2 (keys, values), kv_heads, len(tokens), head_dim]
+    keys: Sequence[torch.Tensor]
+    values: Sequence[torch.Tensor]
+    row: int
+    start: int
     call: int
 
 
@@ -78,8 +93,9 @@ class TurnKV:
             else:
                 del self.by_len[length]
 
-    def save(self, tokens: tuple[int, ...], kv: torch.Tensor) -> None:
-        self.by_len.setdefault(len(tokens), {})[_prefix_hashes(tokens)[-1]] = _Entry(tokens, kv, self.calls)
+    def save(self, tokens: tuple[int, ...], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], row: int,
+             start: int) -> None:
+        self.by_len.setdefault(len(tokens), {})[_hash(tokens)] = _Entry(tokens, keys, values, row, start, self.calls)
 
     def lookup(self, prompt: Sequence[int]) -> _Entry | None:
         """The longest saved sequence that is a prefix of `prompt`, one token short of it at most
@@ -88,17 +104,17 @@ class TurnKV:
             return None
         hashes = _prefix_hashes(prompt)
         for length in sorted(self.by_len, reverse=True):
-            if length >= len(prompt):
+            if length >= len(prompt) or length == 0:
                 continue
-            e = self.by_len[length].get(hashes[length])
+            e = self.by_len[length].get(int(hashes[length - 1]))
             if e is not None and e.tokens == tuple(prompt[:length]):
                 return e
         return None
 
-    def plan(self, prompts: Sequence[Sequence[int]], width: int) -> tuple[int, torch.Tensor] | None:
-        """For a prefill of `prompts` left-padded to `width`: (S, the keys/values of every row's first
-        width - S positions [layers, 2, rows, kv_heads, width - S, head_dim]), or None when nothing
-        is saved for them. Matched entries leave the store."""
+    def plan(self, prompts: Sequence[Sequence[int]], width: int) -> tuple[int, "SavedPrefix"] | None:
+        """For a prefill of `prompts` left-padded to `width`: (S, the saved keys/values of every row's
+        first width - S positions), or None when nothing is saved for them. Matched entries leave
+        the store."""
         entries = [self.lookup(p) for p in prompts]
         s = max(len(p) - (len(e.tokens) if e is not None else 0) for p, e in zip(prompts, entries))
         self.stats["prefill_rows"] += len(prompts)
@@ -106,20 +122,39 @@ class TurnKV:
         if s >= width:
             self.stats["run_positions"] += len(prompts) * width
             return None
-        first = next(e for e in entries if e is not None)
-        layers, _, kvh, _, d = first.kv.shape
-        past = first.kv.new_zeros((layers, 2, len(prompts), kvh, width - s, d))
+        rows = []  # (row, entry, first column, positions kept): a row's saved positions before the window
         for r, (p, e) in enumerate(zip(prompts, entries)):
-            keep = len(p) - s  # this row's positions before the window
-            if e is not None and keep > 0:
-                past[:, :, r, :, width - len(p):] = e.kv[:, :, :, :keep]
+            if e is not None and len(p) > s:
+                rows.append((r, e, width - len(p), len(p) - s))
                 self.stats["reused_rows"] += 1
-                self.stats["reused_positions"] += keep
+                self.stats["reused_positions"] += len(p) - s
         for e in entries:
             if e is not None:
-                self.by_len.get(len(e.tokens), {}).pop(_prefix_hashes(e.tokens)[-1], None)
+                self.by_len.get(len(e.tokens), {}).pop(_hash(e.tokens), None)
         self.stats["run_positions"] += len(prompts) * s
-        return s, past
+        return s, SavedPrefix(width - s, rows)
+
+
+@dataclass
+class SavedPrefix:
+    """The keys/values of a prefill's first `length` positions, copied into a cache layer's buffers
+    by `fill` (row by row from the saved entries: no batch-sized copy of its own). Positions
+    no entry covers (padding) are zeros."""
+
+    length: int
+    rows: list  # (row, entry, first column, positions kept)
+
+    @property
+    def layers(self) -> int:
+        return len(self.rows[0][1].keys) if self.rows else 0
+
+    def fill(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write into `keys`/`values` [rows, kv_heads, >= length, head_dim] (the first `length` columns)."""
+        keys[:, :, :self.length].zero_()
+        values[:, :, :self.length].zero_()
+        for r, e, a, n in self.rows:
+            keys[r, :, a:a + n] = e.keys[layer][e.row, :, e.start:e.start + n]
+            values[r, :, a:a + n] = e.values[layer][e.row, :, e.start:e.start + n]
 
 
 def active(policy) -> TurnKV | None:
@@ -143,16 +178,24 @@ def carry_turn_kv(policy):
 
 
 def save_rows(store: TurnKV, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], cache_rows: Sequence[int],
-              batch_rows: Sequence[int], prompts, tokens: torch.Tensor, lengths: torch.Tensor, width: int) -> None:
+              batch_rows: Sequence[int], prompts, tokens: torch.Tensor, lengths: torch.Tensor, width: int,
+              copy: bool = True) -> None:
     """Save rows of a decode cache (per layer [rows, kv_heads, positions, head_dim], prompts
     left-padded to `width`): row `cache_rows[i]` holds batch row `batch_rows[i]`, whose prompt and
-    first lengths - 1 sampled tokens (the ones fed back) are saved."""
+    first lengths - 1 sampled tokens (the ones fed back) are saved. `copy`: one gather per layer for
+    all the rows, over the span of positions any of them covers (for rows about to leave a cache that
+    lives on); else the entries refer to the cache itself (its last use: nothing copied)."""
     if not len(batch_rows):
         return
     fed = (lengths[list(batch_rows)] - 1).tolist()
     sampled = tokens[list(batch_rows)].tolist()
-    for cr, br, n, gen in zip(cache_rows, batch_rows, fed, sampled):
-        p = prompts[br]
-        a, b = width - len(p), width + n
-        kv = torch.stack([torch.stack((k[cr, :, a:b], v[cr, :, a:b].to(k.dtype))) for k, v in zip(keys, values)])
-        store.save((*map(int, p), *gen[:n]), kv)
+    starts = [width - len(prompts[br]) for br in batch_rows]
+    a0 = 0
+    if copy:
+        a0, b1 = min(starts), width + max(fed)
+        idx = torch.tensor(list(cache_rows), dtype=torch.long, device=keys[0].device)
+        keys = [k[:, :, a0:b1].index_select(0, idx) for k in keys]
+        values = [v[:, :, a0:b1].index_select(0, idx) for v in values]
+        cache_rows = range(len(batch_rows))
+    for cr, br, a, n, gen in zip(cache_rows, batch_rows, starts, fed, sampled):
+        store.save((*prompts[br], *gen[:n]), keys, values, cr, a - a0)

@@ -108,18 +108,18 @@ def _preallocated_layer_class():
         from transformers.cache_utils import DynamicLayer
 
         class PreallocatedLayer(DynamicLayer):
-            def __init__(self, capacity: int, past: tuple | None = None) -> None:
+            def __init__(self, capacity: int, past=None, index: int = 0) -> None:
                 super().__init__()
-                self.capacity, self.past = capacity, past  # past: keys/values of the first positions
-                self.length = 0 if past is None else past[0].shape[-2]
+                # past: a kv_reuse.SavedPrefix, the keys/values of the first positions (layer `index`)
+                self.capacity, self.past, self.index = capacity, past, index
+                self.length = 0 if past is None else past.length
 
             def lazy_initialization(self, key_states, value_states) -> None:
                 self.device = key_states.device
                 self._k = key_states.new_empty((*key_states.shape[:2], self.capacity, key_states.shape[-1]))
                 self._v = value_states.new_empty((*value_states.shape[:2], self.capacity, value_states.shape[-1]))
                 if self.past is not None:  # tether.policy.kv_reuse: saved by an earlier turn
-                    self._k[:, :, :self.length] = self.past[0]
-                    self._v[:, :, :self.length] = self.past[1]
+                    self.past.fill(self.index, self._k, self._v)
                     self.past = None
                 self.is_initialized = True
 
@@ -144,11 +144,11 @@ def _preallocated_layer_class():
     return _PREALLOCATED_LAYER
 
 
-def _make_decode_cache(model, capacity: int, past: torch.Tensor | None = None):
+def _make_decode_cache(model, capacity: int, past=None):
     """transformers' DynamicCache with preallocated full-attention layers; any other layer kind
-    (sliding window, linear attention, ...) keeps transformers' own class. `past` [layers, 2, B,
-    kv_heads, P, head_dim]: the keys/values of the first P positions (tether.policy.kv_reuse); None
-    is returned when the cache cannot take them."""
+    (sliding window, linear attention, ...) keeps transformers' own class. `past` (a
+    kv_reuse.SavedPrefix): the keys/values of the first positions; None is returned when the cache
+    cannot take them."""
     try:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
@@ -158,9 +158,9 @@ def _make_decode_cache(model, capacity: int, past: torch.Tensor | None = None):
         return None
     if getattr(cache, "layers", None) and all(type(layer) is DynamicLayer for layer in cache.layers):
         cls = _preallocated_layer_class()
-        if past is not None and past.shape[0] != len(cache.layers):
+        if past is not None and past.layers != len(cache.layers):
             return None
-        cache.layers = [cls(capacity, None if past is None else (past[i, 0], past[i, 1])) for i in range(len(cache.layers))]
+        cache.layers = [cls(capacity, past, i) for i in range(len(cache.layers))]
     elif past is not None:
         return None
     return cache
@@ -288,12 +288,14 @@ def _prefill(policy, prompts, ids, mask, pos, capacity: int, lean_ok: bool):
     B, W = ids.shape
     uniq, rows = _distinct_prompts(prompts, ids.device) if lean_ok else (None, None)
     if uniq is not None:  # each distinct prompt once (GRPO samples n per prompt); the lean decoder copies its rows
-        logits, cache = _run_prompts(policy, [prompts[i] for i in uniq.tolist()], ids[uniq], mask[uniq], pos[uniq], W)
+        logits, cache = _run_prompts(policy, [prompts[i] for i in uniq.tolist()], ids[uniq], mask[uniq], pos[uniq],
+                                     min(capacity, W + decode.LeanDecoder.GROW))
         lean = decode.make_lean_decoder(policy, B, capacity, cache, rows)
         if lean is not None:
             return logits[rows], cache, lean
-    # the lean decoder keeps its own cache; transformers' step needs room for every new token
-    cap = W if lean_ok and uniq is None else capacity
+    # transformers' step needs room for every new token; the lean decoder takes the cache's buffers
+    # over when it can (LeanDecoder._adopt: room for its first steps, no copy)
+    cap = min(capacity, W + decode.LeanDecoder.GROW) if lean_ok and uniq is None else capacity
     logits, cache = _run_prompts(policy, prompts, ids, mask, pos, cap)
     return logits, cache, decode.make_lean_decoder(policy, B, capacity, cache)
 
@@ -312,14 +314,15 @@ def _run_prompts(policy, prompts, ids, mask, pos, capacity: int):
 
 
 def _save_for_next_turn(store, lean, cache, live, prompts, tokens, lengths, W) -> None:
-    """Every row's keys/values still in the decoder at the end of a call (tether.policy.kv_reuse)."""
+    """Every row's keys/values still in the decoder at the end of a call (tether.policy.kv_reuse): the
+    entries refer to the decoder's last buffers, which nothing writes to from here on."""
     B = tokens.shape[0]
     if lean is not None:
         at = list(range(B)) if live is None else live.tolist()
-        kv_reuse.save_rows(store, lean.k, lean.v, list(range(len(at))), at, prompts, tokens, lengths, W)
+        kv_reuse.save_rows(store, lean.k, lean.v, list(range(len(at))), at, prompts, tokens, lengths, W, copy=False)
     elif cache is not None and all(hasattr(layer, "_k") for layer in getattr(cache, "layers", [])):
         kv_reuse.save_rows(store, [la._k for la in cache.layers], [la._v for la in cache.layers], list(range(B)),
-                           list(range(B)), prompts, tokens, lengths, W)
+                           list(range(B)), prompts, tokens, lengths, W, copy=False)
 
 
 def _distinct_prompts(prompts, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:

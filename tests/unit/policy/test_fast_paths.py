@@ -295,3 +295,29 @@ def test_a_failing_decode_compilation_falls_back_to_the_eager_step(policy, tok, 
     assert "failed" in decode._COMPILED
     assert all(_agree(a, b, 1e-5) for a, b in zip(got, want))
     monkeypatch.delitem(decode._COMPILED, "failed")
+
+
+def test_lean_decoder_adopts_the_prefill_buffers_and_decodes_the_same(policy, tok):
+    # fp32: the decoder takes transformers' preallocated buffers over (no copy of the prompt's keys/values;
+    # with a row map, a shared prefill, one gather), or copies them into its own window. Same logits.
+    from tether.policy.sampling import _left_pad, next_token_logits
+
+    ids, mask = _left_pad(_prompts(tok), policy.pad_id, "cpu")
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    B, W = ids.shape
+    bias = torch.zeros((B, W + 20)).masked_fill_(torch.cat([mask, torch.ones(B, 20, dtype=mask.dtype)], 1) == 0, float("-inf"))
+    got = {}
+    for adopt in ("whole", "gather", False):
+        first, cache = next_token_logits(policy.model, ids, mask, pos, _make_decode_cache(policy.model, W + 16), False)
+        if not adopt:  # no room past the prompt in the prefill's buffers: the decoder copies into a window of its own
+            for la in cache.layers:
+                la._k = la._k[:, :, :W]
+        lean = decode.make_lean_decoder(policy, B, W + 20, cache, torch.arange(B) if adopt == "gather" else None)
+        assert (lean.k[0].data_ptr() == cache.layers[0]._k.data_ptr()) is (adopt == "whole")
+        assert lean.window == (W + 16 if adopt else W + 20), adopt
+        steps, tok_B = [first], first.argmax(-1)
+        for t in range(18):  # past the adopted window of 16: it grows as the copied one does
+            steps.append(lean.step(tok_B, pos[:, -1] + 1 + t, bias))
+            tok_B = steps[-1].argmax(-1)
+        got[adopt] = torch.stack(steps)
+    assert torch.allclose(got["whole"], got[False], atol=1e-5) and torch.allclose(got["gather"], got[False], atol=1e-5)

@@ -19,25 +19,32 @@ def policy():
     return make_tiny_policy(hidden=64, heads=4, inter=128, seed=1)
 
 
-def _kv(n: int) -> torch.Tensor:
-    return torch.arange(n, dtype=torch.float32).view(1, 1, 1, n, 1).expand(2, 2, 1, n, 1).clone()
+def _save(store, tokens):
+    """Save `tokens` with keys/values 0, 1, 2, ... along positions (2 layers, 1 head of size 1), at
+    column 3 of row 1 of a 2-row buffer."""
+    n = len(tokens)
+    buf = torch.full((2, 1, n + 5, 1), -1.0)
+    buf[1, 0, 3:3 + n, 0] = torch.arange(n, dtype=torch.float32)
+    store.save(tuple(tokens), [buf, buf], [buf, buf], 1, 3)
 
 
 def test_lookup_takes_the_longest_saved_prefix_and_leaves_the_last_token_to_run():
     store, pol = TurnKV(), make_tiny_policy()
     store.begin_call(pol)
-    store.save((1, 2, 3), _kv(3))
-    store.save((1, 2, 3, 4, 5), _kv(5))
-    store.save((1, 2, 9, 9, 9, 9), _kv(6))
+    _save(store, (1, 2, 3))
+    _save(store, (1, 2, 3, 4, 5))
+    _save(store, (1, 2, 9, 9, 9, 9))
     assert store.lookup([1, 2, 3, 4, 5, 6]).tokens == (1, 2, 3, 4, 5)
     assert store.lookup([1, 2, 3, 4, 5]).tokens == (1, 2, 3)  # the prompt's last position must run
     assert store.lookup([1, 2, 3]) is None and store.lookup([7, 1, 2, 3, 4]) is None
     # plan: rows left-padded to width 8; S = the longest uncached suffix (the second row: 7 - 3 = 4)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 0, 0, 0]]
     s, past = store.plan(prompts, 8)
-    assert s == 4 and past.shape == (2, 2, 2, 1, 4, 1)
-    assert past[0, 0, 0, 0, :, 0].tolist() == [0, 1, 2, 3]  # row 0 keeps 4 of its 5 saved positions
-    assert past[0, 0, 1, 0, :, 0].tolist() == [0, 0, 1, 2]  # row 1: one pad column, then 3 saved positions
+    assert s == 4 and past.length == 4 and past.layers == 2
+    keys, values = torch.full((2, 1, 6, 1), 9.0), torch.full((2, 1, 6, 1), 9.0)
+    past.fill(1, keys, values)
+    assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 9, 9]  # row 0 keeps 4 of its 5 saved positions
+    assert values[1, 0, :, 0].tolist() == [0, 0, 1, 2, 9, 9]  # row 1: one pad column, then 3 saved positions
     assert store.lookup([1, 2, 3, 4, 5, 6]) is None and store.lookup([1, 2, 3, 4]) is None  # matched: gone
     assert store.plan([[4, 4, 4]], 3) is None  # nothing saved for it: the whole prompt runs
 
@@ -45,17 +52,17 @@ def test_lookup_takes_the_longest_saved_prefix_and_leaves_the_last_token_to_run(
 def test_entries_live_two_calls_and_die_with_the_weights():
     store, pol = TurnKV(), make_tiny_policy()
     store.begin_call(pol)
-    store.save((1, 2), _kv(2))
+    _save(store, (1, 2))
     store.begin_call(pol)
     store.begin_call(pol)
     assert store.lookup([1, 2, 3]) is not None  # saved two calls ago (a summary call may sit between turns)
     store.begin_call(pol)
     assert store.lookup([1, 2, 3]) is None
-    store.save((1, 2), _kv(2))
+    _save(store, (1, 2))
     pol.version += 1  # an optimizer step
     store.begin_call(pol)
     assert store.lookup([1, 2, 3]) is None
-    store.save((1, 2), _kv(2))
+    _save(store, (1, 2))
     store.begin_call(dataclasses.replace(pol, autocast_bf16=not pol.autocast_bf16))
     assert store.lookup([1, 2, 3]) is None
 

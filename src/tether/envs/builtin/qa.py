@@ -99,16 +99,23 @@ def _index(world_seed: int, people: int):
 
 def run_search(query: str, world_seed: int = 0, people: int = 400, top_k: int = 1) -> list[str]:
     """The top-k passages for `query` as 'Title: text' lines (BM25, English stop words removed)."""
+    return list(_search(query, world_seed, people, top_k))
+
+
+@lru_cache(maxsize=16384)
+def _search(query: str, world_seed: int, people: int, top_k: int) -> tuple[str, ...]:
+    """run_search, remembered: the corpus is fixed, and the episodes of a group mostly search the same
+    entities (the demo: most of a step's searches repeat an earlier one)."""
     import bm25s
 
     world = build_world(world_seed, people)
     tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
     if not any(len(t) for t in tokens.ids):
-        return []
+        return ()
     with _BM25_LOCK:
         docs, scores = _index(world_seed, people).retrieve(tokens, k=min(top_k, len(world.passages)),
                                                           show_progress=False, n_threads=1)
-    return [f"{world.passages[d][0]}: {world.passages[d][1]}" for d, s in zip(docs[0], scores[0]) if s > 0]
+    return tuple(f"{world.passages[d][0]}: {world.passages[d][1]}" for d, s in zip(docs[0], scores[0]) if s > 0)
 
 
 def make_qa_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:

@@ -64,16 +64,22 @@ def _index(catalog_seed: int):
 
 def run_search(query: str, catalog_seed: int = 0, k: int = TOP_K) -> list[dict[str, Any]]:
     """The top-k products whose titles match `query` (BM25; ties broken by catalog order)."""
+    catalog = build_catalog(catalog_seed)
+    return [catalog[d] for d in _ranked(query, catalog_seed)[:k]]
+
+
+@lru_cache(maxsize=16384)
+def _ranked(query: str, catalog_seed: int) -> tuple[int, ...]:
+    """The catalog indices matching `query`, best first (remembered: the catalog is fixed)."""
     import bm25s
 
     catalog = build_catalog(catalog_seed)
     tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
     if not any(len(t) for t in tokens.ids):
-        return []
+        return ()
     with _LOCK:
         docs, scores = _index(catalog_seed).retrieve(tokens, k=len(catalog), show_progress=False, n_threads=1)
-    ranked = sorted((-float(s), int(d)) for d, s in zip(docs[0], scores[0]) if s > 0)
-    return [catalog[d] for _, d in ranked[:k]]
+    return tuple(d for _, d in sorted((-float(s), int(d)) for d, s in zip(docs[0], scores[0]) if s > 0))
 
 
 def make_shop_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:

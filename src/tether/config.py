@@ -115,9 +115,8 @@ class RolloutConfig(_Base):
                             "element-wise work of every layer fused, one graph for every step; the first generation "
                             "pays the compilation (25-28 s on a 2-core CPU in a fresh inductor cache, less from a warm "
                             "one). auto: in RL runs long enough to pay it back (tether.hardware.choose_compile)")
-    on_drift: Literal["count", "fail"] = Field(
-        "count", description="multi-turn: a context that does not extend the previous one is counted or fails"
-    )
+    on_drift: Literal["count", "fail"] = Field("count", description="multi-turn: a context that does not extend "
+                                                                    "the previous one is counted or fails")
 
 
 # ----------------------------------------------------------------------------- algorithm
@@ -360,9 +359,10 @@ class EnvConfig(_Base):
     episode_timeout_s: float = Field(600.0, gt=0)
     max_parse_errors: int = Field(2, ge=1, description="consecutive malformed tool calls that end an episode")
     max_error_rate: float = Field(0.5, gt=0, le=1, description="stop the run if more episodes end in env_error")
-    credit: Literal["broadcast", "step"] = Field(
-        "broadcast", description="broadcast: the return is the trajectory score; step: env rewards stay on their turns"
-    )
+    credit: Literal["broadcast", "step"] = Field("broadcast", description="broadcast: the return is the trajectory "
+                                                 "score; step: env rewards stay on their turns")
+    reuse_kv: bool = Field(True, description="carry keys/values from one turn's sampling to the next turn's prefill "
+                                             "(transformers sampler; tether.policy.kv_reuse)")
     context: ContextConfig = ContextConfig()
 
 

@@ -266,7 +266,7 @@ def run_env_rollouts(
     max_ctx = cfg.max_context_tokens or (policy.max_positions - sampling.max_new_tokens)
     cache: dict[str, tuple[int, ...]] = {}
     t_gen = t_env = 0.0
-    with carry_turn_kv(policy) as store:  # keys/values from one turn's sampling to the next's prefill
+    with carry_turn_kv(policy, cfg.reuse_kv) as store:  # keys/values from one turn's sampling to the next's prefill
         try:
             for _ in range(cfg.max_turns):
                 live = [e for e in episodes if e.stop is None]

@@ -164,10 +164,11 @@ def active(policy) -> TurnKV | None:
 
 
 @contextmanager
-def carry_turn_kv(policy):
+def carry_turn_kv(policy, enabled: bool = True):
     """Keep keys/values from one generate call to the next while open (see the module docstring);
-    yields the store (None when the policy does not take one: another backend, or reuse off)."""
-    if not getattr(policy, "reuse_turn_kv", False) or getattr(policy, "turn_kv", None) is not None:
+    yields the store (None when the policy does not take one: another backend, reuse off by
+    `enabled` (env.reuse_kv) or `policy.reuse_turn_kv`)."""
+    if not enabled or not getattr(policy, "reuse_turn_kv", False) or getattr(policy, "turn_kv", None) is not None:
         yield None  # not an HF policy, reuse off, or a scope already open (its owner clears it)
         return
     policy.turn_kv = TurnKV()

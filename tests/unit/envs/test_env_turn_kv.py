@@ -29,10 +29,10 @@ if "_test_chatty" not in ENVS:
                                                  ChattyEnv, None, "test env"))
 
 
-def _play(policy, reuse: bool):
+def _play(policy, reuse: bool, config_switch: bool = True):
     pol = dataclasses.replace(policy, reuse_turn_kv=reuse)
     tasks = [{"env": "_test_chatty", "id": f"c{i}", "prompt": f"task {i}"} for i in range(3)]
-    return run_env_rollouts(pol, tasks, 2, SamplingConfig(max_new_tokens=12), EnvConfig(max_turns=3),
+    return run_env_rollouts(pol, tasks, 2, SamplingConfig(max_new_tokens=12), EnvConfig(max_turns=3, reuse_kv=config_switch),
                             generator=torch.Generator().manual_seed(0), on_drift="fail")
 
 
@@ -43,6 +43,7 @@ def test_turns_sampled_with_reused_keys_values_equal_whole_prefills(env_policy):
     # turns 2 and 3 reuse their context up to the note: most of the prompt positions are not run again
     assert m["rollout/prefill_reused_frac"] > 0.4 and m["rollout/prefill_run_frac"] < 0.6, m
     assert "rollout/prefill_reused_frac" not in m0
+    assert "rollout/prefill_reused_frac" not in _play(env_policy, True, config_switch=False)[1]  # env.reuse_kv=false
     assert env_policy.turn_kv is None  # the runner's scope is closed: nothing kept past the rollout
     for g, h in zip(with_reuse, without):
         for a, b in zip(g.trajectories, h.trajectories):

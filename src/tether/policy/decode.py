@@ -179,11 +179,10 @@ class LeanDecoder:
         precision, contiguous, room past the prompt): no copy of the prompt's keys/values, or with
         `rows` one gather of them (instead of a gather, then a copy into a window)."""
         bufs = [(getattr(layer, "_k", None), getattr(layer, "_v", None)) for layer in cache.layers]
-        batch = self.batch if rows is None else None
         if len(bufs) != len(self.layers) or not all(
                 k is not None and v is not None and k.dtype == v.dtype == self.dtype and k.shape == v.shape
-                and k.shape[0] == (batch or k.shape[0]) and n < k.shape[2] <= self.capacity and k.is_contiguous()
-                and v.is_contiguous() for k, v in bufs):
+                and (rows is not None or k.shape[0] == self.batch) and n < k.shape[2] <= self.capacity
+                and k.is_contiguous() and v.is_contiguous() for k, v in bufs):
             return False
         if rows is None:
             self.k, self.v = [k for k, _ in bufs], [v for _, v in bufs]

@@ -62,6 +62,7 @@ class _Entry:
     per-layer tensors `keys`/`values` [rows, kv_heads, positions, head_dim]."""
 
     tokens: tuple[int, ...]
+    key: int  # its hash in the store
     keys: Sequence[torch.Tensor]
     values: Sequence[torch.Tensor]
     row: int
@@ -95,7 +96,8 @@ class TurnKV:
 
     def save(self, tokens: tuple[int, ...], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], row: int,
              start: int) -> None:
-        self.by_len.setdefault(len(tokens), {})[_hash(tokens)] = _Entry(tokens, keys, values, row, start, self.calls)
+        key = _hash(tokens)
+        self.by_len.setdefault(len(tokens), {})[key] = _Entry(tokens, key, keys, values, row, start, self.calls)
 
     def lookup(self, prompt: Sequence[int]) -> _Entry | None:
         """The longest saved sequence that is a prefix of `prompt`, one token short of it at most
@@ -130,7 +132,7 @@ class TurnKV:
                 self.stats["reused_positions"] += len(p) - s
         for e in entries:
             if e is not None:
-                self.by_len.get(len(e.tokens), {}).pop(_hash(e.tokens), None)
+                self.by_len.get(len(e.tokens), {}).pop(e.key, None)
         self.stats["run_positions"] += len(prompts) * s
         return s, SavedPrefix(width - s, rows)
 
@@ -142,7 +144,7 @@ class SavedPrefix:
     no entry covers (padding) are zeros."""
 
     length: int
-    rows: list  # (row, entry, first column, positions kept)
+    rows: list[tuple[int, _Entry, int, int]]  # (row, entry, first column, positions kept)
 
     @property
     def layers(self) -> int:

@@ -287,7 +287,7 @@ def _prefill(policy, prompts, ids, mask, pos, capacity: int, lean_ok: bool):
 
     B, W = ids.shape
     uniq, rows = _distinct_prompts(prompts, ids.device) if lean_ok else (None, None)
-    if uniq is not None:  # each distinct prompt once (GRPO samples n per prompt); the lean decoder copies its rows
+    if uniq is not None:  # each distinct prompt once (GRPO samples n per prompt); the lean decoder gathers its rows
         logits, cache = _run_prompts(policy, [prompts[i] for i in uniq.tolist()], ids[uniq], mask[uniq], pos[uniq],
                                      min(capacity, W + decode.LeanDecoder.GROW))
         lean = decode.make_lean_decoder(policy, B, capacity, cache, rows)

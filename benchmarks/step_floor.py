@@ -18,6 +18,10 @@ autocast is its faster setting on a native-bf16 CPU) runs as many steps in fresh
 runs' completions shorten as they train, so later steps are cheaper): the ratios are medians of
 tether's s/step and of the matmul-only floor over TRL's.
 
+A second floor adds attention that is not a GEMM op (PyTorch's fused CPU attention, and the compiled
+decode step's fused attention kernels: see is_attention): reading the keys and values is work any
+implementation does; "with attention" in the output.
+
 The profiler's overhead falls on the many small ops, hardly on a GEMM's own time, so the floor
 (GEMM self time as profiled) is close to what the GEMMs take in a timed step; the rest of the
 profiled time is not used for any figure but the shares.
@@ -40,6 +44,17 @@ sys.path.insert(0, str(HERE))
 # oneDNN's linear (tether.policy.cpu_gemm: the packed decode matmuls, fp32 training projections)
 # is a GEMM as much as aten's
 GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+# attention that is not a GEMM op above: PyTorch's fused CPU attention (the fp32 training forward goes
+# through SDPA) and, compiled, inductor's generated kernels that contain the attention products (the
+# compiled decode step fuses rotary, the score and value products and the softmax into one kernel
+# per layer; named only with cpp.enable_kernel_profile): memory traffic over the keys and values
+# that any implementation reads, so it is counted with the floor
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def is_attention(name: str) -> bool:
+    return name in ATTENTION_OPS or name.startswith("graph_") and "_bmm" in name
 
 
 def _gemm_flops(key: str, shapes) -> int:
@@ -63,10 +78,11 @@ def region_events(prof, regions: tuple[str, ...]) -> dict[str, tuple[float, list
 
 
 def split_profile(prof, regions: tuple[str, ...]) -> dict:
-    """Per region: seconds in GEMMs, their FLOPs, and the seconds of every other op (self times)."""
+    """Per region: seconds in GEMMs, their FLOPs, in attention kernels (is_attention) and in every
+    other op (self times)."""
     out = {}
     for name, (_, events) in region_events(prof, regions).items():
-        gemm_s = other_s = 0.0
+        gemm_s = attention_s = other_s = 0.0
         flops = 0
         for e in events:
             t = e.self_cpu_time_total / 1e6
@@ -75,9 +91,12 @@ def split_profile(prof, regions: tuple[str, ...]) -> dict:
                 shapes = e.input_shapes or []
                 if len(shapes) >= 2 + (e.name in ("aten::addmm", "aten::baddbmm")):
                     flops += _gemm_flops(e.name, shapes)
+            elif is_attention(e.name):
+                attention_s += t
             else:
                 other_s += t
-        out.update({f"{name}_gemm_s": gemm_s, f"{name}_gemm_flops": flops, f"{name}_other_s": other_s})
+        out.update({f"{name}_gemm_s": gemm_s, f"{name}_gemm_flops": flops, f"{name}_attention_s": attention_s,
+                    f"{name}_other_s": other_s})
     return out
 
 
@@ -133,8 +152,10 @@ def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps:
     med = {k: statistics.median(r[k] for r in timed) for k in timed[0] if k != "index"}
     prof_med = {k: statistics.median(r[k] for r in profiled) for k in profiled[0] if k != "index"}
     floor = prof_med["generate_gemm_s"] + prof_med["update_gemm_s"]
+    attention = prof_med["generate_attention_s"] + prof_med["update_attention_s"]
     return {"precision": precision, "compiled": compiled, "timed_steps": timed, "profiled_steps": profiled,
-            "median": med, "profiled_median": prof_med, "gemm_floor_s": floor,
+            "median": med, "profiled_median": prof_med, "gemm_floor_s": floor, "attention_s": attention,
+            "gemm_attention_floor_s": floor + attention,
             "update_gemm_share": prof_med["update_gemm_s"] / max(prof_med["update_gemm_s"] + prof_med["update_other_s"], 1e-9),
             "generate_gemm_share": prof_med["generate_gemm_s"] / max(prof_med["generate_gemm_s"] + prof_med["generate_other_s"], 1e-9),
             "update_gemm_gflops_per_s": prof_med["update_gemm_flops"] / max(prof_med["update_gemm_s"], 1e-9) / 1e9,
@@ -176,6 +197,8 @@ def main(argv=None) -> dict:
     from vs_trl import build_model_dir, machine_description
 
     torch.set_num_threads(1)
+    import torch._inductor.config as inductor_config
+    inductor_config.cpp.enable_kernel_profile = True  # compiled kernels by name (is_attention)
     t0 = time.time()
     precision = args.precision if args.precision != "auto" else "bf16" if resolve_autocast("auto", "cpu") else "fp32"
     peak = {"bf16": gflops(torch.bfloat16, 1536), "fp32": gflops(torch.float32, 1536)}
@@ -195,15 +218,20 @@ def main(argv=None) -> dict:
                 res["tether_over_trl"] = statistics.median(r["step_s"] / by_i[r["index"]] for r in res["timed_steps"])
                 res["gemm_floor_over_trl"] = statistics.median(
                     (r["generate_gemm_s"] + r["update_gemm_s"]) / by_i[r["index"]] for r in res["profiled_steps"])
+                res["gemm_attention_floor_over_trl"] = statistics.median(
+                    sum(r[f"{g}_{c}_s"] for g in ("generate", "update") for c in ("gemm", "attention")) / by_i[r["index"]]
+                    for r in res["profiled_steps"])
                 res["trl"]["s_per_step"] = statistics.median(by_i[r["index"]] for r in res["timed_steps"])
             out["sizes"][size] = res
             med = res["median"]
             print(f"  [{size}] tether {med['step_s']:.2f} s/step: update {med['update_s']:.2f} s "
                   f"({res['update_gemm_share']:.0%} GEMM at {res['update_gemm_gflops_per_s']:.0f} GFLOP/s, "
                   f"{res['update_gemm_of_peak']:.2f} of peak), generate {med['generate_s']:.2f} s "
-                  f"({res['generate_gemm_share']:.0%} GEMM); GEMM-only floor {res['gemm_floor_s']:.2f} s/step"
+                  f"({res['generate_gemm_share']:.0%} GEMM); GEMM-only floor {res['gemm_floor_s']:.2f} s/step, "
+                  f"with attention {res['gemm_attention_floor_s']:.2f}"
                   + (f"; TRL ({precision}) {res['trl']['s_per_step']:.2f} s/step at the timed steps: tether/TRL "
-                     f"{res['tether_over_trl']:.2f}, floor/TRL {res['gemm_floor_over_trl']:.2f}" if args.trl_runs else ""),
+                     f"{res['tether_over_trl']:.2f}, floor/TRL {res['gemm_floor_over_trl']:.2f}, with attention "
+                     f"{res['gemm_attention_floor_over_trl']:.2f}" if args.trl_runs else ""),
                   flush=True)
     out["wall_s"] = time.time() - t0
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

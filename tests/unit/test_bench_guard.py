@@ -90,3 +90,26 @@ def test_guard_uses_this_cpu_generations_baseline_and_never_another_generations(
     passed, msg = quick.check_ratio(0.9, base, 0.15, note)
     assert passed and "not checked" in msg and "another CPU generation" in msg
     assert not quick.check_ratio(0.47, *quick.find_baseline(table, "native-bf16", z4)[:1], 0.15)[0]
+
+
+def test_step_floor_splits_gemms_attention_and_the_rest():
+    """step_floor.py's split: aten matmuls and oneDNN's linear are GEMMs; SDPA and the compiled
+    decode step's fused attention kernel are attention; a fused softmax or an add is neither."""
+    from types import SimpleNamespace
+
+    floor = _load("step_floor")
+    assert floor.is_attention("aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+    assert floor.is_attention("graph_0_cpp_fused__softmax__to_copy__unsafe_view_add_bmm_clone_flip_mul")
+    assert not floor.is_attention("graph_1_cpp_fused__softmax__to_copy_bitwise_not_masked_fill_mul_view_6")
+    assert not floor.is_attention("aten::bmm")  # a GEMM, counted there
+
+    def ev(name, us, start, shapes=None):
+        return SimpleNamespace(name=name, self_cpu_time_total=us, input_shapes=shapes,
+                               time_range=SimpleNamespace(start=start, end=start + 1))
+
+    events = [SimpleNamespace(name="update", time_range=SimpleNamespace(start=0, end=100)),
+              ev("aten::mm", 2000, 1, [[4, 8], [8, 16]]), ev("aten::_scaled_dot_product_flash_attention_for_cpu", 500, 2),
+              ev("aten::add", 250, 3), ev("aten::mm", 9999, 200, [[1, 1], [1, 1]])]  # the last one is outside the region
+    out = floor.split_profile(SimpleNamespace(events=lambda: events), ("update",))
+    assert out == {"update_gemm_s": 0.002, "update_gemm_flops": 2 * 4 * 8 * 16, "update_attention_s": 0.0005,
+                   "update_other_s": 0.00025}

@@ -162,6 +162,12 @@ def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps:
             "generate_gemm_gflops_per_s": prof_med["generate_gemm_flops"] / max(prof_med["generate_gemm_s"], 1e-9) / 1e9}
 
 
+def _floor_over(profiled: list[dict], trl_by_index: list[float], parts: tuple[str, ...]) -> float:
+    """Median over the profiled steps of (their `parts` seconds, sampling and update) / TRL's step of that index."""
+    return statistics.median(sum(r[f"{g}_{c}_s"] for g in ("generate", "update") for c in parts) / trl_by_index[r["index"]]
+                             for r in profiled)
+
+
 def trl_steps(model_dir: Path, precision: str, runs: int, n_steps: int, work: Path) -> dict:
     """TRL's s/step at each step index 0..n_steps-1 (medians over `runs` fresh processes)."""
     from vs_trl import base_spec, run_worker
@@ -216,11 +222,8 @@ def main(argv=None) -> dict:
                 by_i = trl["s_per_step_by_index"]
                 res["trl"] = trl
                 res["tether_over_trl"] = statistics.median(r["step_s"] / by_i[r["index"]] for r in res["timed_steps"])
-                res["gemm_floor_over_trl"] = statistics.median(
-                    (r["generate_gemm_s"] + r["update_gemm_s"]) / by_i[r["index"]] for r in res["profiled_steps"])
-                res["gemm_attention_floor_over_trl"] = statistics.median(
-                    sum(r[f"{g}_{c}_s"] for g in ("generate", "update") for c in ("gemm", "attention")) / by_i[r["index"]]
-                    for r in res["profiled_steps"])
+                res["gemm_floor_over_trl"] = _floor_over(res["profiled_steps"], by_i, ("gemm",))
+                res["gemm_attention_floor_over_trl"] = _floor_over(res["profiled_steps"], by_i, ("gemm", "attention"))
                 res["trl"]["s_per_step"] = statistics.median(by_i[r["index"]] for r in res["timed_steps"])
             out["sizes"][size] = res
             med = res["median"]

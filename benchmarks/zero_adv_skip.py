@@ -11,6 +11,16 @@ fraction the two settings run paired (paired.py: the same state and seed before 
 medians of `--pairs` steps each). Expected: the update shrinks by about 2/3 of the zero-advantage
 share (a forward is ~1/3 of forward + backward), the sampling not at all. The same update in
 both settings is tests/unit/core/test_update_inert.py's.
+
+    python benchmarks/zero_adv_skip.py --first-step [--size small] [--precision bf16]
+                                       [--out benchmarks/results/zero_adv_first_step.json]
+
+The one-time cost of the first zero-advantage step under `train.compile` (bf16; the compiled
+training forward): each arm in a fresh process with an empty inductor cache runs 2 steps without
+zero-advantage groups (the compilation, a warm step), then 3 steps with 4/8; reported: the first of
+those 3 updates minus the median of the other 2. Arms: "one-graph" (tether: the rows without
+gradients run the graph compiled with them, detached: lean_train.LeanShared) and "two-graphs"
+(the same rows through a second, no-grad graph, as before 2026-12-04).
 """
 
 from __future__ import annotations
@@ -56,6 +66,58 @@ def at_fraction(cfg, st, k: int, pairs: int, label: str) -> dict:
         cfg.train.skip_zero_advantage = True
 
 
+def first_step_child(arm: str, size: str, precision: str) -> dict:
+    """One arm of --first-step, in this (fresh) process."""
+    import copy
+    import random
+
+    import torch
+
+    import tether.recipes.rl as rl
+    from paired import bench_state
+    from tether.policy import lean_train
+    from vs_trl import build_model_dir
+
+    if arm == "two-graphs":  # the rows without gradients through a no-grad graph of their own
+        lean_train.LeanShared.__call__ = lean_train.LeanShared._forward
+    torch.set_num_threads(1)
+    original, updates = rl.run_rl_step, []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, st = bench_state(build_model_dir(size, Path(tmp) / size), precision, True)
+        for k in (0, 0, 4, 4, 4):
+            s = copy.deepcopy(st)
+            torch.manual_seed(0)
+            random.seed(0)
+            m, _ = functools.partial(original, build=zeroing_build(k))(s, cfg)
+            updates.append(m["time/update"])
+            print(f"  [{arm}] {k}/8 zero-advantage groups: update {m['time/update']:.2f} s", file=sys.stderr, flush=True)
+    first, later = updates[2], sorted(updates[3:])
+    return {"arm": arm, "updates_s": updates, "first_zero_adv_extra_s": first - sum(later) / len(later)}
+
+
+def first_step(args, argv) -> dict:
+    import os
+    import subprocess
+
+    out = {"command": "python benchmarks/zero_adv_skip.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "size": args.size, "precision": args.precision, "arms": {}}
+    for arm in ("two-graphs", "one-graph"):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+            cmd = [sys.executable, __file__, "--first-step-child", arm, "--size", args.size, "--precision", args.precision]
+            res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
+        out["arms"][arm] = json.loads(res.stdout.strip().splitlines()[-1])
+    from vs_trl import machine_description
+
+    out["machine"] = machine_description(1)
+    print("\narm        | first zero-advantage update minus a warm one (s)")
+    for arm, r in out["arms"].items():
+        print(f"  {arm:10s} | {r['first_zero_adv_extra_s']:.2f}")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="small", choices=("small", "large"))
@@ -63,8 +125,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--compiled", action="store_true", help="both compilations on (train.compile, rollout.compile)")
     ap.add_argument("--fractions", default="0,0.25,0.5,0.75")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--out", default=str(HERE / "results" / "zero_adv_skip.json"))
+    ap.add_argument("--out", default=None, help="default: results/zero_adv_skip.json (--first-step: "
+                                                  "results/zero_adv_first_step.json)")
+    ap.add_argument("--first-step", action="store_true", help="the one-time cost of the first zero-advantage step "
+                                                              "under train.compile, one graph vs two")
+    ap.add_argument("--first-step-child", choices=("one-graph", "two-graphs"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.first_step_child:
+        print(json.dumps(first_step_child(args.first_step_child, args.size, args.precision)))
+        return {}
+    if args.first_step:
+        args.out = args.out or str(HERE / "results" / "zero_adv_first_step.json")
+        return first_step(args, argv)
+    args.out = args.out or str(HERE / "results" / "zero_adv_skip.json")
 
     import torch
 

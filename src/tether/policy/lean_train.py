@@ -194,7 +194,8 @@ def _compiled_stack():
     boundaries, one call instead of one per layer), with the token and row dimensions dynamic and
     the weights' static (dynamic=True would make the hidden size symbolic too, and the generated
     element-wise kernels lose their vectorisation: no faster than eager). One graph per number of
-    attention buckets: the compiled path is given two (prefixes, suffixes)."""
+    attention buckets: the compiled path is given two (prefixes, suffixes). LeanShared calls it
+    with gradients on only (see there)."""
     fn = _COMPILED.get("stack")
     if fn is None:
         compiled = torch.compile(stack_forward, dynamic=None)
@@ -283,6 +284,18 @@ class LeanShared:
                 m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
 
     def __call__(self, layout: SharedLayout) -> torch.Tensor:
+        if self.compiled and not torch.is_grad_enabled():
+            # One compiled graph for both grad modes: torch.compile guards on the grad mode (and on
+            # whether `x` requires grad), and a second, no-grad graph for the zero-advantage rows of
+            # `train.skip_zero_advantage` or the scoring passes cost 19 s of compilation on its first
+            # call (small benchmark model, bf16, 2-core CPU, empty inductor cache), no faster per
+            # call (benchmarks/zero_adv_skip.py --first-step; results/zero_adv_first_step.json).
+            # The activations the grad graph keeps are freed with its detached output.
+            with torch.enable_grad():
+                return self._forward(layout).detach()
+        return self._forward(layout)
+
+    def _forward(self, layout: SharedLayout) -> torch.Tensor:
         dev = self.inner.embed_tokens.weight.device
         x = self.inner.embed_tokens(layout.ids.to(dev)).float()
         cos, sin = rope_tables(*(t[0] for t in self.inner.rotary_emb(x, layout.pos.to(dev)[None])))

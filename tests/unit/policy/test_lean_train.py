@@ -125,7 +125,8 @@ def test_models_it_cannot_reproduce_use_transformers(policy):
 
 def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
     """torch.compile of the layer stack: same results as eager within bf16 rounding, and batches
-    of other shapes (other bucket sizes, prefix lengths) reuse the graphs instead of recompiling."""
+    of other shapes (other bucket sizes, prefix lengths) reuse the graphs instead of recompiling;
+    so do calls without gradients (zero-advantage rows, scoring), with the same log-probs."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -138,9 +139,14 @@ def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
     assert 1 <= graphs <= 2  # the prefix forward (no cache) and the suffix forward (with one)
     for seed, suffixes, prefixes in ((5, ((6, 2, 9, 4, 7), (3, 11)), (12, 5)), (6, ((2, 3), (8, 8, 1)), (9, 7))):
         ids, mask, group = _batch(len(policy.tokenizer), seed, suffixes, prefixes)
-        _assert_same(_run(policy, "eager", True, ids, mask, group), _run(policy, "compile", True, ids, mask, group),
-                     mask, 5e-2, 5e-2)
+        compiled = _run(policy, "compile", True, ids, mask, group)
+        _assert_same(_run(policy, "eager", True, ids, mask, group), compiled, mask, 5e-2, 5e-2)
     assert counters["stats"]["unique_graphs"] == graphs
+    pol = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=True, lean_train="compile")
+    with torch.no_grad():
+        lp, ent = compute_logprobs_shared(pol, ids, mask, group, temperature=0.9, with_entropy=True)
+    assert not lp.requires_grad and torch.equal(lp, compiled[0]) and torch.equal(ent, compiled[1])
+    assert counters["stats"]["unique_graphs"] == graphs  # torch.compile guards on the grad mode: not a second graph
 
 
 def test_rotary_step_is_transformers_bit_for_bit():

@@ -110,11 +110,17 @@ def first_step(args, argv) -> dict:
     from vs_trl import machine_description
 
     out["machine"] = machine_description(1)
-    print("\narm        | first zero-advantage update minus a warm one (s)")
-    for arm, r in out["arms"].items():
-        print(f"  {arm:10s} | {r['first_zero_adv_extra_s']:.2f}")
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    return _report(out, "arm        | first zero-advantage update minus a warm one (s)",
+                   [f"{arm:10s} | {r['first_zero_adv_extra_s']:.2f}" for arm, r in out["arms"].items()], args.out)
+
+
+def _report(out: dict, header: str, rows: list[str], path: str) -> dict:
+    """Print the summary table, write `out` to `path`."""
+    print("\n" + header)
+    for row in rows:
+        print("  " + row)
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
     return out
 
 
@@ -157,12 +163,9 @@ def main(argv=None) -> dict:
             res["expected_update_ratio"] = 1 - 2 / 3 * k / 8
             out["fractions"][f"{k}/8"] = res
     out["wall_s"] = time.time() - t0
-    print("\nzero-advantage groups | update skip/full (expected ~) | step skip/full")
-    for key, r in out["fractions"].items():
-        print(f"  {key:5s} | {r['b_over_a']['update_s']:.3f} ({r['expected_update_ratio']:.3f}) | {r['b_over_a']['step_s']:.3f}")
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
-    return out
+    return _report(out, "zero-advantage groups | update skip/full (expected ~) | step skip/full",
+                   [f"{key:5s} | {r['b_over_a']['update_s']:.3f} ({r['expected_update_ratio']:.3f}) | "
+                    f"{r['b_over_a']['step_s']:.3f}" for key, r in out["fractions"].items()], args.out)
 
 
 if __name__ == "__main__":

@@ -359,6 +359,16 @@ def kv_floor(x: dict) -> str:
     return f" ({x['gen_over_decode_floor_kv']:.1f}x)" if "gen_over_decode_floor_kv" in x else ""
 
 
+def accounting_cells(x: dict, p: str) -> str:
+    """The table's last two cells: training FLOP/s over the matmul peak at precision `p`, and the
+    generation time over its decode floor; "not measured" for both under --no-account."""
+    if f"train_frac_of_{p}_peak" not in x:
+        return "not measured | not measured"
+    run = x.get(f"train_run_frac_of_{p}_peak")
+    return (f"{x[f'train_frac_of_{p}_peak']:.2f} of {p}{'' if run is None else f' ({run:.2f})'} | "
+            f"{x['gen_over_decode_floor']:.1f}x{kv_floor(x)}")
+
+
 def table(results: dict) -> str:
     """A markdown table of the headline figures (also pasted into README.md); every row names its precision."""
     lines = ["| size | framework (precision) | s/step | rollout tok/s | train tok/s | peak RSS MB | train FLOP/s / matmul peak (positions run) | gen time / decode floor (with KV reads) |",
@@ -367,13 +377,10 @@ def table(results: dict) -> str:
         names, prec = [n for n in r if isinstance(r[n], dict) and "s_per_step" in r[n]], r["arm_precision"]
         for name in names:
             x, p = r[name], prec[name]
-            frac = x.get(f"train_frac_of_{p}_peak", float("nan"))
-            run_frac = x.get(f"train_run_frac_of_{p}_peak", float("nan"))
             once = " (1 run: slow)" if name in r.get("run_once", {}) else ""
             lines.append(f"| {size} ({r['params'] / 1e6:.1f}M) | {_label(name, p, x)}{once} | {x['s_per_step']:.2f} | "
                          f"{x['rollout_tokens_per_s']:.0f} | {x['train_tokens_per_s']:.0f} | {x['peak_rss_mb']:.0f} | "
-                         f"{frac:.2f} of {p} ({run_frac:.2f}) | {x.get('gen_over_decode_floor', float('nan')):.1f}x"
-                         f"{kv_floor(x)} |")
+                         f"{accounting_cells(x, p)} |")
         tb, lb = r["tether_best"], r["trl_best"]
         lines.append(f"| {size} | **tether-best {_label(tb, prec[tb], r[tb])} / TRL-best {_label(lb, prec[lb])}** | "
                      f"**{r['s_per_step_ratio_best']:.2f}** | | | **{r['peak_rss_ratio_best']:.2f}** | | |")

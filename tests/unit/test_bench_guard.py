@@ -113,3 +113,11 @@ def test_step_floor_splits_gemms_attention_and_the_rest():
     out = floor.split_profile(SimpleNamespace(events=lambda: events), ("update",))
     assert out == {"update_gemm_s": 0.002, "update_gemm_flops": 2 * 4 * 8 * 16, "update_attention_s": 0.0005,
                    "update_other_s": 0.00025}
+
+
+def test_table_cells_say_not_measured_instead_of_nan():
+    # bench-quick runs with --no-account: no matmul peak, no decode floor; the table must not print "nan"
+    measured = {"train_frac_of_bf16_peak": 0.81, "train_run_frac_of_bf16_peak": 0.7, "gen_over_decode_floor": 1.64,
+                "gen_over_decode_floor_kv": 1.21}
+    assert vs_trl.accounting_cells(measured, "bf16") == "0.81 of bf16 (0.70) | 1.6x (1.2x)"
+    assert vs_trl.accounting_cells(_arm(1.0), "fp32") == "not measured | not measured"

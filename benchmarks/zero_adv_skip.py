@@ -20,7 +20,9 @@ training forward): each arm in a fresh process with an empty inductor cache runs
 zero-advantage groups (the compilation, a warm step), then 3 steps with 4/8; reported: the first of
 those 3 updates minus the median of the other 2. Arms: "one-graph" (tether: the rows without
 gradients run the graph compiled with them, detached: lean_train.LeanShared) and "two-graphs"
-(the same rows through a second, no-grad graph, as before 2026-12-04).
+(the same rows through a second, no-grad graph, as before 2026-12-04). Then, in one process with
+both graphs compiled, the two arms per call, paired (paired.py, `--pairs`): at 4/8 zero-advantage
+groups, and with `algo.epochs=2` (a scoring pass without gradients before the update).
 """
 
 from __future__ import annotations
@@ -95,6 +97,35 @@ def first_step_child(arm: str, size: str, precision: str) -> dict:
     return {"arm": arm, "updates_s": updates, "first_zero_adv_extra_s": first - sum(later) / len(later)}
 
 
+def per_call(size: str, precision: str, pairs: int) -> dict:
+    """--first-step's paired per-call comparison of the two arms (both graphs compiled in the warm-up)."""
+    import torch
+
+    import tether.recipes.rl as rl
+    from paired import bench_state, paired_steps
+    from tether.policy import lean_train
+    from vs_trl import build_model_dir
+
+    torch.set_num_threads(1)
+    one_graph = lean_train.LeanShared.__call__
+
+    def arm(call):
+        def apply():
+            lean_train.LeanShared.__call__ = call
+        return apply
+    arms, original, out = {"two-graphs": arm(lean_train.LeanShared._forward), "one-graph": arm(one_graph)}, rl.run_rl_step, {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, st = bench_state(build_model_dir(size, Path(tmp) / size), precision, True)
+            for name, k, epochs in (("zero-advantage 4/8", 4, 1), ("2 epochs (scoring pass)", 0, 2)):
+                cfg.algo.epochs = epochs
+                rl.run_rl_step = functools.partial(original, build=zeroing_build(k))
+                out[name] = paired_steps(cfg, st, arms, pairs, f"{size} {precision} {name}")
+    finally:
+        rl.run_rl_step, lean_train.LeanShared.__call__ = original, one_graph
+    return out
+
+
 def first_step(args, argv) -> dict:
     import os
     import subprocess
@@ -110,8 +141,12 @@ def first_step(args, argv) -> dict:
     from vs_trl import machine_description
 
     out["machine"] = machine_description(1)
-    return _report(out, "arm        | first zero-advantage update minus a warm one (s)",
-                   [f"{arm:10s} | {r['first_zero_adv_extra_s']:.2f}" for arm, r in out["arms"].items()], args.out)
+    out["per_call"] = per_call(args.size, args.precision, args.pairs)
+    rows = [f"{arm:10s} | first zero-advantage update minus a warm one: {r['first_zero_adv_extra_s']:.2f} s"
+            for arm, r in out["arms"].items()]
+    rows += [f"one-graph / two-graphs, {name}: update {r['b_over_a']['update_s']:.3f}, step {r['b_over_a']['step_s']:.3f}"
+             for name, r in out["per_call"].items()]
+    return _report(out, "train.compile, rows without gradients: one graph vs two", rows, args.out)
 
 
 def _report(out: dict, header: str, rows: list[str], path: str) -> dict:

@@ -287,7 +287,7 @@ class LeanShared:
         if self.compiled and not torch.is_grad_enabled():
             # One compiled graph for both grad modes: torch.compile guards on the grad mode (and on
             # whether `x` requires grad), and a second, no-grad graph for the zero-advantage rows of
-            # `train.skip_zero_advantage` or the scoring passes cost 19 s of compilation on its first
+            # `train.skip_zero_advantage` or the scoring passes cost 15-19 s of compilation on its first
             # call (small benchmark model, bf16, 2-core CPU, empty inductor cache), no faster per
             # call (benchmarks/zero_adv_skip.py --first-step; results/zero_adv_first_step.json).
             # The activations the grad graph keeps are freed with its detached output.

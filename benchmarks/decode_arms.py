@@ -15,6 +15,9 @@ one torch thread) with three arms, alternated `--rounds` times, the same seeded 
   is reported apart (`compile_first_call_s`; a fresh `TORCHINDUCTOR_CACHE_DIR` measures a cold
   compilation) and left out of the median.
 
+- `compiled_cpp_wrapper` (with `--cpp-wrapper`): the same compiled step with inductor's C++ wrapper
+  (`options={"cpp_wrapper": True}`: the graph's calls from C++ instead of Python); tried 2026-12-04.
+
 Medians of all rounds but the first. `--stop-every K` makes every K-th token id a stop id as well
 (a synthetic spread of completion lengths: the benchmark's untrained model mostly runs to the
 limit, so dropping finished rows has little to drop there). Appends one entry to `--out`.
@@ -41,6 +44,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--stop-every", type=int, default=0, help="also stop on every K-th token id (0: the model's own stop ids)")
+    p.add_argument("--cpp-wrapper", action="store_true", help="add the compiled step with inductor's C++ wrapper")
     p.add_argument("--out", default=str(HERE / "results" / "decode_arms.json"))
     a = p.parse_args(argv)
     import torch
@@ -48,8 +52,12 @@ def main(argv=None) -> dict:
     from bench_workers import measure_decode_floor
     from gen_speed import append_entry, benchmark_policies
     from tether.config import SamplingConfig
-    from tether.policy import sampling
+    from tether.policy import decode, sampling
     from tether.policy.hf import run_generate
+
+    steps_fn = {"compiled": decode.compiled_step()}
+    if a.cpp_wrapper:
+        steps_fn["compiled_cpp_wrapper"] = torch.compile(decode.step_math, dynamic=None, options={"cpp_wrapper": True})
 
     share, rows = sampling._COMPACT, []
     try:
@@ -59,17 +67,18 @@ def main(argv=None) -> dict:
                     range(0, pol.model.config.vocab_size, a.stop_every)))))
             cfg = SamplingConfig(max_new_tokens=64)
             arms = {"eager": (share, pol), "eager_all_rows": (0.0, pol),
-                    "compiled": (share, dataclasses.replace(pol, compile_decode=True))}
+                    **{k: (share, dataclasses.replace(pol, compile_decode=True)) for k in steps_fn}}
             times: dict[str, list[float]] = {k: [] for k in arms}
-            tokens, lengths, same, first_compile = {}, [], [], None
+            tokens, lengths, same, first_compile = {}, [], [], {}
             for r in range(a.rounds + 1):
                 for arm, (compact, policy) in arms.items():
                     sampling._COMPACT = compact
+                    decode._COMPILED["step"] = steps_fn.get(arm, steps_fn["compiled"])
                     t0 = time.perf_counter()
                     out = run_generate(policy, prompts, cfg, torch.Generator().manual_seed(r))
                     dt = time.perf_counter() - t0
-                    if arm == "compiled" and first_compile is None:
-                        first_compile = dt  # the compilation; not a round
+                    if arm in steps_fn and arm not in first_compile:
+                        first_compile[arm] = dt  # the compilation; not a round
                         continue
                     times[arm].append(dt)
                     tokens[arm] = [s.token_ids for s in out]
@@ -85,17 +94,25 @@ def main(argv=None) -> dict:
                          "all_rows_over_eager": round(med["eager_all_rows"] / med["eager"], 3),
                          "rows_identical_to_all_rows": round(statistics.mean(same), 3),
                          "compiled_over_eager": round(med["compiled"] / med["eager"], 3),
-                         "compile_first_call_s": round(first_compile, 2),
+                         "compile_first_call_s": round(first_compile["compiled"], 2),
+                         **({"cpp_wrapper_over_compiled": round(med["compiled_cpp_wrapper"] / med["compiled"], 3),
+                             "cpp_wrapper_first_call_s": round(first_compile["compiled_cpp_wrapper"], 2)}
+                            if a.cpp_wrapper else {}),
                          "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default"),
                          "weight_floor_64_steps_s": round(floor, 4),
                          "runs_s": {k: [round(x, 4) for x in v] for k, v in times.items()}})
             x = rows[-1]
             print(f"[decode-arms] {size} {a.precision} (mean completion {x['mean_completion_tokens']} tokens): "
                   f"eager {med['eager']:.3f} s, all rows {med['eager_all_rows']:.3f} s, compiled "
-                  f"{med['compiled']:.3f} s (first call {first_compile:.1f} s); weight floor of 64 steps "
+                  f"{med['compiled']:.3f} s (first call {first_compile['compiled']:.1f} s); weight floor of 64 steps "
                   f"{floor:.3f} s", flush=True)
+            if a.cpp_wrapper:
+                print(f"[decode-arms] {size} {a.precision}: C++ wrapper {med['compiled_cpp_wrapper']:.3f} s, "
+                      f"{x['cpp_wrapper_over_compiled']:.3f} of compiled (first call "
+                      f"{x['cpp_wrapper_first_call_s']:.1f} s)", flush=True)
     finally:
         sampling._COMPACT = share
+        decode._COMPILED["step"] = steps_fn["compiled"]
     return append_entry(a.out, rows)
 
 

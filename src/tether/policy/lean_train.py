@@ -228,10 +228,12 @@ class SharedLayout:
     inv: torch.Tensor  # [N]
 
 
-def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets) -> SharedLayout:
+def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets, min_rows: int = 1) -> SharedLayout:
     """The flat tokens of (prefixes [G, Pmax], suffixes [B, Smax]), one attention bucket for the
     prefixes (causal within each) and one per suffix bucket (a suffix attends to its group's prefix
-    and causally to itself)."""
+    and causally to itself). `min_rows`: buckets of fewer rows get rows that attend from and to the
+    padding slot only (outputs unused): torch.compile specialises a dimension of size 1 (a second
+    graph in mid-run when a batch holds one group), so the compiled forward asks for 2."""
     P_G, S_B = p_mask.sum(-1), s_mask.sum(-1)
     NP = int(P_G.sum())
     n_real = NP + int(S_B.sum())
@@ -252,11 +254,26 @@ def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets) -> S
         k_idx = torch.cat([p_index[row_g[r]], s_index[r, :W]], dim=1)
         key_mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
         buckets.append((s_index[r, :W], k_idx, causal_keep(key_mask, W)[:, None]))
+    buckets = [_pad_bucket(b, min_rows, N) for b in buckets]
     q_flat = torch.cat([q.reshape(-1) for q, _, _ in buckets])
     real = q_flat < N
     inv = torch.full((N + 1,), len(q_flat), dtype=torch.long)  # spare rows: the zero row after the outputs
     inv[q_flat[real]] = torch.arange(len(q_flat))[real]
     return SharedLayout(ids, pos, p_index, s_index, buckets, inv[:N])
+
+
+def _pad_bucket(bucket, rows: int, N: int):
+    """`bucket` with rows appended up to `rows`: queries and keys at the padding slot N, the first
+    key kept (a zero row: the output is 0, never NaN, and `inv` never reads it)."""
+    q_idx, k_idx, keep = bucket
+    extra = rows - q_idx.shape[0]
+    if extra <= 0:
+        return bucket
+    dummy_keep = torch.zeros((extra, *keep.shape[1:]), dtype=keep.dtype)
+    dummy_keep[..., 0] = True
+    q = torch.cat([q_idx, q_idx.new_full((extra, q_idx.shape[1]), N)])
+    k = q if k_idx is q_idx else torch.cat([k_idx, k_idx.new_full((extra, k_idx.shape[1]), N)])
+    return q, k, torch.cat([keep, dummy_keep])  # the prefix bucket's one index tensor stays one (a compile guard)
 
 
 def padded_rows(n: int) -> int:

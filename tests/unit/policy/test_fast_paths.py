@@ -265,6 +265,9 @@ def test_compiled_decode_step_matches_the_eager_step(policy, tok, monkeypatch):
     counters.clear()
     compiled = run_generate(dataclasses.replace(pol, compile_decode=True), prompts, cfg, torch.Generator().manual_seed(0))
     assert counters["stats"]["unique_graphs"] == 1
+    one = run_generate(dataclasses.replace(pol, compile_decode=True), prompts[:1], cfg, torch.Generator().manual_seed(0))
+    assert counters["stats"]["unique_graphs"] == 1  # a batch of one row decodes eagerly: no graph specialised to it
+    assert one[0].token_ids == run_generate(pol, prompts[:1], cfg, torch.Generator().manual_seed(0))[0].token_ids
     assert max(len(s.token_ids) for s in compiled) > decode.LeanDecoder.GROW  # crossed a growth
     assert sum(a.token_ids == b.token_ids for a, b in zip(compiled, eager)) >= 0.9 * len(prompts)
     assert all(_agree(a, b, 1e-4) for a, b in zip(compiled, eager))

@@ -126,7 +126,8 @@ def test_models_it_cannot_reproduce_use_transformers(policy):
 def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
     """torch.compile of the layer stack: same results as eager within bf16 rounding, and batches
     of other shapes (other bucket sizes, prefix lengths) reuse the graphs instead of recompiling;
-    so do calls without gradients (zero-advantage rows, scoring), with the same log-probs."""
+    so do batches of one group, and calls without gradients (zero-advantage rows, scoring), with the
+    same log-probs."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -141,6 +142,10 @@ def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
         ids, mask, group = _batch(len(policy.tokenizer), seed, suffixes, prefixes)
         compiled = _run(policy, "compile", True, ids, mask, group)
         _assert_same(_run(policy, "eager", True, ids, mask, group), compiled, mask, 5e-2, 5e-2)
+    assert counters["stats"]["unique_graphs"] == graphs
+    one = group == 0  # one group: an attention bucket of one row, which torch.compile would specialise
+    _assert_same(_run(policy, "eager", True, ids[one], mask[one], group[one]),
+                 _run(policy, "compile", True, ids[one], mask[one], group[one]), mask[one], 5e-2, 5e-2)
     assert counters["stats"]["unique_graphs"] == graphs
     pol = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=True, lean_train="compile")
     with torch.no_grad():

@@ -231,9 +231,10 @@ class SharedLayout:
 def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets, min_rows: int = 1) -> SharedLayout:
     """The flat tokens of (prefixes [G, Pmax], suffixes [B, Smax]), one attention bucket for the
     prefixes (causal within each) and one per suffix bucket (a suffix attends to its group's prefix
-    and causally to itself). `min_rows`: buckets of fewer rows get rows that attend from and to the
-    padding slot only (outputs unused): torch.compile specialises a dimension of size 1 (a second
-    graph in mid-run when a batch holds one group), so the compiled forward asks for 2."""
+    and causally to itself). `min_rows`: buckets of fewer rows, or narrower, are padded to it
+    (`_pad_bucket`; outputs unused): torch.compile specialises a dimension of size 1 (a second graph
+    in mid-run when a micro-batch holds one group, or only one-token suffixes), so the compiled
+    forward asks for 2."""
     P_G, S_B = p_mask.sum(-1), s_mask.sum(-1)
     NP = int(P_G.sum())
     n_real = NP + int(S_B.sum())
@@ -262,18 +263,26 @@ def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets, min_
     return SharedLayout(ids, pos, p_index, s_index, buckets, inv[:N])
 
 
-def _pad_bucket(bucket, rows: int, N: int):
-    """`bucket` with rows appended up to `rows`: queries and keys at the padding slot N, the first
-    key kept (a zero row: the output is 0, never NaN, and `inv` never reads it)."""
+def _pad_bucket(bucket, least: int, N: int):
+    """`bucket` with its rows and widths padded up to `least`: the added query and key slots are the
+    padding slot N; an added row or query column attends to its row's first key only (never an empty
+    softmax, so never NaN). Nothing reads their outputs (`inv`), so no gradient flows from them."""
     q_idx, k_idx, keep = bucket
-    extra = rows - q_idx.shape[0]
-    if extra <= 0:
+    (R, Wq), Wk = q_idx.shape, k_idx.shape[1]
+    R2, Wq2, Wk2 = max(R, least), max(Wq, least), max(Wk, least)
+    if (R2, Wq2, Wk2) == (R, Wq, Wk):
         return bucket
-    dummy_keep = torch.zeros((extra, *keep.shape[1:]), dtype=keep.dtype)
-    dummy_keep[..., 0] = True
-    q = torch.cat([q_idx, q_idx.new_full((extra, q_idx.shape[1]), N)])
-    k = q if k_idx is q_idx else torch.cat([k_idx, k_idx.new_full((extra, k_idx.shape[1]), N)])
-    return q, k, torch.cat([keep, dummy_keep])  # the prefix bucket's one index tensor stays one (a compile guard)
+    q = q_idx.new_full((R2, Wq2), N)
+    q[:R, :Wq] = q_idx
+    k = q  # the prefix bucket's one index tensor stays one (torch.compile guards on the aliasing)
+    if k_idx is not q_idx:
+        k = k_idx.new_full((R2, Wk2), N)
+        k[:R, :Wk] = k_idx
+    kept = torch.zeros((R2, keep.shape[1], Wq2, Wk2), dtype=keep.dtype)
+    kept[:R, :, :Wq, :Wk] = keep
+    kept[R:, :, :, 0] = True
+    kept[:, :, Wq:, 0] = True
+    return q, k, kept
 
 
 def padded_rows(n: int) -> int:

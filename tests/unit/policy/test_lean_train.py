@@ -146,6 +146,11 @@ def test_compiled_forward_matches_and_reuses_one_graph_per_shape_family(policy):
     one = group == 0  # one group: an attention bucket of one row, which torch.compile would specialise
     _assert_same(_run(policy, "eager", True, ids[one], mask[one], group[one]),
                  _run(policy, "compile", True, ids[one], mask[one], group[one]), mask[one], 5e-2, 5e-2)
+    short_ids, short_mask, short_group = _batch(len(policy.tokenizer), 7, ((1, 1), (1, 1, 1)), (9, 6))
+    short = short_group < 2  # one-token suffixes only (the loner left out): a suffix bucket of width 1
+    _assert_same(_run(policy, "eager", True, short_ids[short], short_mask[short], short_group[short]),
+                 _run(policy, "compile", True, short_ids[short], short_mask[short], short_group[short]),
+                 short_mask[short], 5e-2, 5e-2)
     assert counters["stats"]["unique_graphs"] == graphs
     pol = dataclasses.replace(policy, model=copy.deepcopy(policy.model), autocast_bf16=True, lean_train="compile")
     with torch.no_grad():

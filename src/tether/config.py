@@ -227,7 +227,7 @@ class TrainConfig(_Base):
         "auto", description="compute a group's shared prefix once (MiniMax Forge); auto: when that runs fewer token positions")
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile the shared-prefix training forward (tether.policy.lean_train; Llama-family "
-                            "models on a CPU); the first step pays the compilation (3.2M model, 2 cores: 11-20 s, 36-46 s "
+                            "models on a CPU); the first step pays the compilation (3.2M model, 2 cores: 11-20 s, 37-39 s "
                             "with an empty inductor cache). auto: in RL runs long enough to pay it back (hardware.choose_compile)")
     skip_zero_advantage: bool = Field(
         True, description="sequences whose every advantage is exactly 0 (a GRPO group with equal rewards) run forward "

@@ -222,7 +222,7 @@ class LeanDecoder:
             self._bias = key_bias_BL[:, : self.window].clone()
             self._bias[:, n:] = float("-inf")
         if self.compiled and B > 1:  # one row: eagerly, as torch.compile would specialise a batch of 1 (a second
-            return self._compiled_step(tok_B, pos_B, key_bias_BL)  # graph in mid-run, 10-25 s, for one row's tail)
+            return self._compiled_step(tok_B, pos_B, key_bias_BL)  # graph compiled in mid-run for one row's tail)
         self._bias[:, n] = key_bias_BL[:, n]
         with torch.autocast(tok_B.device.type, enabled=False):
             x = F.embedding(tok_B, self.embed)  # [B, H] fp32

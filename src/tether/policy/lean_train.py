@@ -228,13 +228,11 @@ class SharedLayout:
     inv: torch.Tensor  # [N]
 
 
-def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets, min_rows: int = 1) -> SharedLayout:
+def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets, min_extent: int = 1) -> SharedLayout:
     """The flat tokens of (prefixes [G, Pmax], suffixes [B, Smax]), one attention bucket for the
     prefixes (causal within each) and one per suffix bucket (a suffix attends to its group's prefix
-    and causally to itself). `min_rows`: buckets of fewer rows, or narrower, are padded to it
-    (`_pad_bucket`; outputs unused): torch.compile specialises a dimension of size 1 (a second graph
-    in mid-run when a micro-batch holds one group, or only one-token suffixes), so the compiled
-    forward asks for 2."""
+    and causally to itself). `min_extent`: buckets of fewer rows, or narrower, are padded to it
+    (`_pad_bucket`; outputs unused; `LeanShared.min_extent`)."""
     P_G, S_B = p_mask.sum(-1), s_mask.sum(-1)
     NP = int(P_G.sum())
     n_real = NP + int(S_B.sum())
@@ -255,7 +253,7 @@ def shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, suffix_buckets, min_
         k_idx = torch.cat([p_index[row_g[r]], s_index[r, :W]], dim=1)
         key_mask = torch.cat([p_mask[row_g[r]], s_mask[r, :W]], dim=1)
         buckets.append((s_index[r, :W], k_idx, causal_keep(key_mask, W)[:, None]))
-    buckets = [_pad_bucket(b, min_rows, N) for b in buckets]
+    buckets = [_pad_bucket(b, min_extent, N) for b in buckets]
     q_flat = torch.cat([q.reshape(-1) for q, _, _ in buckets])
     real = q_flat < N
     inv = torch.full((N + 1,), len(q_flat), dtype=torch.long)  # spare rows: the zero row after the outputs
@@ -301,6 +299,9 @@ class LeanShared:
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.bf16, self.compiled = bf16, compile
+        # the smallest rows and widths of an attention bucket (`shared_layout`): torch.compile specialises a
+        # dimension of size 1 (a second graph in mid-run when a micro-batch holds one group, or only one-token suffixes)
+        self.min_extent = 2 if compile else 1
         self.stack_fn = _compiled_stack() if compile else stack_forward
 
     def _weights(self, layer) -> tuple:
@@ -313,7 +314,7 @@ class LeanShared:
         if self.compiled and not torch.is_grad_enabled():
             # One compiled graph for both grad modes: torch.compile guards on the grad mode (and on
             # whether `x` requires grad), and a second, no-grad graph for the zero-advantage rows of
-            # `train.skip_zero_advantage` or the scoring passes cost 15-19 s of compilation on its first
+            # `train.skip_zero_advantage` or the scoring passes cost 15 s of compilation on its first
             # call (small benchmark model, bf16, 2-core CPU, empty inductor cache), no faster per
             # call (benchmarks/zero_adv_skip.py --first-step; results/zero_adv_first_step.json).
             # The activations the grad graph keeps are freed with its detached output.

@@ -244,7 +244,7 @@ def _lean_hidden(policy, net, p_ids, p_mask, s_ids, s_mask, row_g, P_B, buckets)
     from tether.policy.lean_train import shared_layout
 
     attn_buckets = [list(range(len(s_ids)))] if net.compiled else buckets
-    layout = shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, attn_buckets, min_rows=2 if net.compiled else 1)
+    layout = shared_layout(p_ids, p_mask, s_ids, s_mask, row_g, P_B, attn_buckets, net.min_extent)
     h = net(layout)  # [N + 1, H]; row N is zeros (padding)
     count_trained(policy, h.shape[0] - 1)
     dev = h.device

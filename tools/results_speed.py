@@ -159,7 +159,7 @@ def read_changes(d):
         ["fp32 linear layers through oneDNN", "step time, fp32: small " + f2(g["small fp32"]["onednn_over_torch_time"]["step_s"])
          + ", large " + f2(g["large fp32"]["onednn_over_torch_time"]["step_s"]) + "; bf16 compiled: small "
          + f2(g["small bf16"]["onednn_over_torch_time"]["step_s"]) + ", large " + f2(g["large bf16"]["onednn_over_torch_time"]["step_s"]),
-         "`cpu_gemm.json`", "python benchmarks/archive/cpu_gemm.py --pairs 4"],
+         "`cpu_gemm.json`", "python benchmarks/cpu_gemm.py --pairs 4"],
         ["zero-advantage sequences forward only", "update time with " + ", ".join(frac) + " groups at zero advantage: fp32 "
          + " / ".join(f2(z32[k]["b_over_a"]["update_s"]) for k in frac) + "; bf16 compiled "
          + " / ".join(f2(z16[k]["b_over_a"]["update_s"]) for k in frac),

@@ -12,7 +12,9 @@ nowhere. What counts as a reference (tests/unit/test_docs_links.py runs this):
 - any `.md` name, with or without a folder: it must be such a path or the name of a file in the
   repository (that is what catches notes kept outside it, e.g. a design page of another project);
 - in Markdown, every link target that is not a URL: it must exist relative to the page, and a
-  `#anchor` into a Markdown page must be one of that page's headings or `<a id>`s.
+  `#anchor` into a Markdown page must be one of that page's headings or `<a id>`s;
+- `path.py::name` (and `::name` after such a path earlier in the same file): `name` must be defined
+  in that file, so a renamed test does not leave its citation behind.
 Files that runs and tools write into run directories (`config.yaml`, `summary.json`, ...) never carry
 a folder that starts at the repository, so they are not references; neither are a command's output
 (`--out benchmarks/results/x.json`), a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
@@ -39,6 +41,8 @@ ALLOWED = {
 EXT = r"(?:md|py|yaml|yml|json|jsonl|toml|sh|txt|log)"
 PATH = re.compile(r"(?<![\w/.\-~$<{@*])((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*\." + EXT + r")(?![\w/(])")
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+# `tests/x.py::test_name`, or `::test_name` after such a path earlier in the same file: the name must exist.
+PY_NAME = re.compile(r"(?:((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-]+\.py)|(?<![\w>)\]:]))::([A-Za-z_]\w*)")
 ANCHOR_ID = re.compile(r'<a\s+(?:id|name)="([^"]+)"')
 SCANNED = {".py", ".md", ".yaml", ".yml", ".toml", ".sh"}
 # Not references: an output a command is told to write, a file in a commit (`git show abc1234:path`),
@@ -147,13 +151,25 @@ class Checker:
             return anchor in anchors(path_abs)
         return True
 
+    def defines(self, ref: str, citing: str, name: str) -> bool:
+        for base in ("", os.path.dirname(citing), "src", "src/tether"):
+            cand = self.root / os.path.normpath(os.path.join(base, ref))
+            if cand.is_file():
+                return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b", cand.read_text(errors="replace"), re.M) is not None
+        return True  # a missing file is reported as such
+
     def stale(self) -> list[str]:
         out = []
         for f in self.files:
             p = self.root / f
             if (p.suffix not in SCANNED and p.name != "Makefile") or f.startswith("benchmarks/results/"):
                 continue
+            last_py = None
             for line_no, text in _text_lines(p):
+                for m in PY_NAME.finditer(text):
+                    last_py = m.group(1) or last_py
+                    if last_py and not self.defines(last_py, f, m.group(2)):
+                        out.append(f"{f}:{line_no}: {last_py}::{m.group(2)}")
                 bare = MD_LINK.sub("]", text) if p.suffix == ".md" else text  # link targets: checked below
                 for m in PATH.finditer(bare):
                     before = bare[:m.start(1)]

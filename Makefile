@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_AUTH_MODE := disabled
 
-.PHONY: demo test test-fast bench bench-quick gpu-check install clean
+.PHONY: demo test test-fast bench bench-quick gpu-check results install clean
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ bench-quick: $(STAMP)
 # it runs the CPU-safe parts and says which GPU parts it skipped (docs/distributed.md)
 gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out gpu_check.json
+
+# docs/results.md and the README's headline lines, regenerated from the committed result files
+# (tools/gen_results.py; stdlib only, no install needed). tests/unit/test_results_doc.py checks they are current.
+results:
+	$(PYTHON) tools/gen_results.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

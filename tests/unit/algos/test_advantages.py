@@ -418,7 +418,7 @@ def test_misspelled_estimator_lists_valid_names():
 
 @pytest.mark.parametrize("name", ["reinforce_pp", "gae"])
 def test_reward_on_padding_does_not_leak_into_peers(name):
-    # pitfalls.md #10 (verl PR#6310): an empty response whose reward was written at index -1, and
+    # docs/design.md, correctness rule 10 (verl PR#6310): an empty response whose reward was written at index -1, and
     # a reward on the first pad after a response, must not change anyone's advantage.
     clean = [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
     dirty = [[0.0, 1.0, 7.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]

@@ -111,7 +111,7 @@ def test_mismatch_metrics_hand_values():
 
 
 def test_mismatch_metrics_report_an_injected_offset():
-    # pitfalls.md #3: a fixed rollout-side offset of 0.3 nats on every token shows up exactly
+    # docs/design.md, correctness rule 3: a fixed rollout-side offset of 0.3 nats on every token shows up exactly
     old = torch.randn(4, 6)
     mask = torch.ones(4, 6)
     m = compute_mismatch_metrics(old, old - 0.3, mask)
@@ -179,7 +179,7 @@ def test_select_groups_enable_and_disable():
 
 
 def test_filter_on_raw_outcome_drops_all_wrong_group_despite_length_shaping():
-    # pitfalls.md #9 (NeMo-RL#2431): an all-wrong group with overlong shaping has spread-out
+    # docs/design.md, correctness rule 9 (NeMo-RL#2431): an all-wrong group with overlong shaping has spread-out
     # SHAPED rewards (0, -0.5, -1) and would survive a filter on them; on raw outcomes it is dropped
     raw = [0.0, 0.0, 0.0]
     penalty = compute_overlong_penalty(torch.tensor([10, 18, 20]), max_len=20, cache_len=4).tolist()

@@ -127,7 +127,7 @@ def test_gradient_wrt_logp_matches_hand_derivation(name):
 @pytest.mark.parametrize("beta", [0.001, 0.04, 1.0])
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_kl_gradient_nonzero_whenever_beta_positive(name, beta):
-    # pitfalls.md #23 (SkyRL PR#1353: a no_grad around the KL loss): grad of beta * agg(kl) is
+    # docs/design.md, correctness rule 23 (SkyRL PR#1353: a no_grad around the KL loss): grad of beta * agg(kl) is
     # non-zero and scales linearly with beta
     logits, tokens, ref, old, mask = _logit_setup(seed=2)
     logp = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]

@@ -1,5 +1,5 @@
-"""Token bookkeeping of multi-turn rollouts (pitfalls.md 1, 2, 11): token in / token out,
-prefix checks, drift counting, mask lengths, and zero gradient on environment tokens."""
+"""Token bookkeeping of multi-turn rollouts (docs/design.md, correctness rules 1, 2 and 11): token in /
+token out, prefix checks, drift counting, mask lengths, and zero gradient on environment tokens."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ def test_base_class_contract():
 
 
 def test_everything_truncated_warns_within_3_steps():
-    """pitfalls.md #8: a config that truncates every response is flagged within 3 steps,
+    """docs/design.md, correctness rule 8: a config that truncates every response is flagged within 3 steps,
     before any baseline exists."""
     rows = series(5, 0, {"t": _set("truncation_rate", 1.0)}, start=1)
     found = replay(rows, detector="no_signal")

@@ -1,4 +1,4 @@
-"""Format and length rewards, including the adversarial probes of pitfalls.md #16."""
+"""Format and length rewards, including the adversarial probes of docs/design.md, correctness rule 16."""
 
 from __future__ import annotations
 

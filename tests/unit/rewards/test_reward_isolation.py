@@ -1,4 +1,5 @@
-"""Failures are values: errors, hangs, garbage and dying workers (pitfalls.md #6, #12, #18).
+"""Failures are values: errors, hangs, garbage and dying workers (docs/design.md, correctness rules 6,
+12 and 18).
 
 Most tests run the default `process` isolation: a pool of forked workers kept warm per spec.
 Hangs use a short `timeout_s` so the whole file stays a few seconds.

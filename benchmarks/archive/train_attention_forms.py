@@ -3,7 +3,7 @@
 matmuls around an fp32 softmax), the same through torch.compile, and PyTorch's
 scaled_dot_product_attention with the boolean mask in bf16 and in fp32.
 
-    python benchmarks/train_attention_forms.py [--reps 12] [--out FILE]
+    python benchmarks/archive/train_attention_forms.py [--reps 12] [--out FILE]
 
 Shapes: the suffix bucket of vs_trl.py's benchmark step (64 sequences of up to 80 suffix tokens
 attending to a 30-token prefix and causally to themselves), with the small model's 4 heads and the
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 
 
 def main(argv=None) -> str:
@@ -45,7 +45,7 @@ def main(argv=None) -> str:
             q.float(), k.float(), v.float(), attn_mask=keep).to(v.dtype),
     }
     R, Wq, P, d = 64, 80, 30, 64
-    lines = [f"# {dt.date.today()} python benchmarks/train_attention_forms.py {' '.join(argv or sys.argv[1:])}",
+    lines = [f"# {dt.date.today()} python benchmarks/archive/train_attention_forms.py {' '.join(argv or sys.argv[1:])}",
              "heads | form | ms fwd+bwd | max |diff| from tether"]
     gen = torch.Generator().manual_seed(0)
     keep = (torch.arange(P + Wq)[None] <= torch.arange(P, P + Wq)[:, None]).expand(R, 1, Wq, P + Wq).contiguous()

@@ -1,7 +1,7 @@
 """Sampling speed of tether's generator on the vs_trl benchmark's batch, for before/after comparisons.
 
-    python benchmarks/gen_speed.py [--sizes small,large] [--precisions bf16,fp32] [--reps 4] [--out FILE]
-    PYTHONPATH=/tmp/old/src python benchmarks/gen_speed.py --label old   # another checkout's tether
+    python benchmarks/archive/gen_speed.py [--sizes small,large] [--precisions bf16,fp32] [--reps 4] [--out FILE]
+    PYTHONPATH=/tmp/old/src python benchmarks/archive/gen_speed.py --label old   # another checkout's tether
 
 One process, one torch thread: the vs_trl.py model of each size (the reverse task's byte-level
 tokenizer + a tiny Llama), 8 prompts x 8 completions x up to 64 new tokens at temperature 1, the
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,6 +1,6 @@
 """Keys/values carried across turns (tether.policy.kv_reuse) on the demo's multi-turn RL step: paired A/B.
 
-    python benchmarks/turn_kv.py [--model runs/demo-<ts>/sft/final_model] [--pairs 4] [--threads 1]
+    python benchmarks/archive/turn_kv.py [--model runs/demo-<ts>/sft/final_model] [--pairs 4] [--threads 1]
                                  [--out benchmarks/results/turn_kv_demo.json]
 
 The demo's task (multi-hop QA with a `search` tool, configs/demo.yaml: 16 problems x 8 episodes, up
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
     finally:
         kv_reuse.TurnKV.plan = plan
     padded, run, tokens = (sum(s[i] for s in shares) for i in range(3))
-    out = {"command": "python benchmarks/turn_kv.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/archive/turn_kv.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine_description(args.threads), "model": args.model or "100-step SFT of the demo here",
            **res, "reuse_prefill_positions_run_frac": run / padded, "reuse_prompt_tokens": tokens,
            "reuse_prompt_positions_padded": padded, "wall_s": time.time() - t0}

@@ -1,7 +1,7 @@
 """Short probe before a long reward-model run: held-out pair accuracy curves of `tether rm` at a few
 learning rates, on the pairs `benchmarks/rm_demo.py` builds (same problems, seeds and held-out pairs).
 
-    python benchmarks/rm_lr_probe.py --sft runs/rm-demo/seed-0/sft/final_model --lrs 1e-4,3e-4 --steps 500
+    python benchmarks/archive/rm_lr_probe.py --sft runs/rm-demo/seed-0/sft/final_model --lrs 1e-4,3e-4 --steps 500
 
 Everything but rm.lr is rm_demo.py's RM recipe (batch 32, constant lr, seed 0). Appends one entry to
 benchmarks/results/rm_lr_probe.json: per learning rate, the held-out pair accuracy every
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 import rm_demo  # noqa: E402
@@ -64,7 +64,7 @@ def main() -> None:
         print(f"lr {lr:g}: held-out pair accuracy " + ", ".join(f"{st}: {acc:.3f}" for st, acc in curve), flush=True)
     from tether.hardware import cpu_info
 
-    payload = {"command": "python benchmarks/rm_lr_probe.py " + " ".join(sys.argv[1:]), "cpu": cpu_info(),
+    payload = {"command": "python benchmarks/archive/rm_lr_probe.py " + " ".join(sys.argv[1:]), "cpu": cpu_info(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "wall_seconds": time.perf_counter() - t0,
                "cpu_seconds": rm_demo.cpu_seconds() - c0, **res}
     path = Path(a.results)

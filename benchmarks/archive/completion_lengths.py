@@ -1,6 +1,6 @@
 """Completion tokens and reward per step, tether vs TRL, on the vs_trl benchmark's step.
 
-    python benchmarks/completion_lengths.py [--size large] [--steps 8] [--seeds 0,1]
+    python benchmarks/archive/completion_lengths.py [--size large] [--steps 8] [--seeds 0,1]
                                             [--out benchmarks/results/completion_lengths.json]
 
 Both frameworks in bf16 from the same built model (vs_trl.build_model_dir), one fresh process per
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 
@@ -32,7 +32,7 @@ def main(argv=None) -> dict:
 
     from vs_trl import base_spec, build_model_dir, machine_description, run_worker
 
-    out = {"command": "python benchmarks/completion_lengths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/archive/completion_lengths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine_description(1), "size": args.size, "precision": "bf16", "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(args.size, Path(tmp) / args.size)

@@ -1,7 +1,7 @@
 """The matmul peak this process gets, fp32 and bf16, and the CPU as tether sees it.
 
-    python benchmarks/matmul_peak.py [--n 1024] [--threads 1] [--out FILE]
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/matmul_peak.py
+    python benchmarks/archive/matmul_peak.py [--n 1024] [--threads 1] [--out FILE]
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/archive/matmul_peak.py
 
 The second form checks an AVX2-only simulation on a newer CPU (docs/performance.md): under the caps
 bf16 matmuls lose their native kernels and tether's effective CPU class is `avx2`. Prints one JSON

@@ -1,6 +1,6 @@
 """CPU-time budget of `tether demo` (its defaults) from a shortened run: per SFT step, per RL step, per eval.
 
-    python benchmarks/demo_cpu_budget.py SFT_STEPS RL_STEPS [key=value ...]     # e.g. 30 4
+    python benchmarks/archive/demo_cpu_budget.py SFT_STEPS RL_STEPS [key=value ...]     # e.g. 30 4
 
 Process CPU time around the SFT and the RL stage, and around every RL step and evaluation. With one
 torch thread (the demo's setting) CPU time stays close to the wall time of a free core on a

@@ -6,7 +6,7 @@ padding bias. One thread, bf16, 64 rows x 4 heads x 64 dims, microseconds per la
 `--reps` loops over `--layers` layers' caches, so that the caches compete for the cache memory as
 in a generation). Appends its table to `--out`.
 
-    python benchmarks/decode_attention_forms.py [--reps 7] [--out FILE]
+    python benchmarks/archive/decode_attention_forms.py [--reps 7] [--out FILE]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 
 
 def main(argv=None) -> None:

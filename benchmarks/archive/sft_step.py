@@ -1,6 +1,6 @@
 """The demo's SFT step, arms alternating in one process: threads and prefix sharing.
 
-    python benchmarks/sft_step.py [--reps 5] [--out benchmarks/results/sft_step.json]
+    python benchmarks/archive/sft_step.py [--reps 5] [--out benchmarks/results/sft_step.json]
 
 The demo (`tether demo`, tether/configs/demo.yaml) cold-starts on 1000 multi-turn QA episodes of
 ~211 tokens, of which the first 100 (the system prompt with the tool schema) are the same in every
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 

@@ -1,7 +1,7 @@
 """The sampler's decode-step options, in one process (docs/performance.md, "Finished rows leave the
 batch; a compiled decode step").
 
-    python benchmarks/decode_arms.py [--sizes small,large] [--rounds 7] [--precision bf16]
+    python benchmarks/archive/decode_arms.py [--sizes small,large] [--rounds 7] [--precision bf16]
                                      [--stop-every 0] [--out FILE]
 
 Times generation of the vs_trl benchmark's batch (8 prompts x 8 completions x up to 64 tokens,
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

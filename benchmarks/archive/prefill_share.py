@@ -1,6 +1,6 @@
 """How much of the demo's multi-turn sampling is prefill: every turn re-runs its whole context.
 
-    python benchmarks/prefill_share.py [--model runs/demo-<ts>/sft/final_model] [--steps 3]
+    python benchmarks/archive/prefill_share.py [--model runs/demo-<ts>/sft/final_model] [--steps 3]
                                        [--out benchmarks/results/prefill_share_demo.json]
 
 The demo's task (multi-hop QA with a `search` tool, configs/demo.yaml, 16 problems x 8 episodes, up
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     finally:
         sampling.next_token_logits = original
     timed_steps = steps[1:] or steps
-    out = {"command": "python benchmarks/prefill_share.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/archive/prefill_share.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine_description(1), "model": args.model or "100-step SFT of the demo here", "steps": steps,
            "prefill_share_mean": sum(s["prefill_share"] for s in timed_steps) / len(timed_steps),
            "padding_share_mean": sum(1 - s["tokens"] / s["positions"] for s in timed_steps) / len(timed_steps),

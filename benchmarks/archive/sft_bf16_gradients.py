@@ -1,6 +1,6 @@
 """How far the demo's SFT gradient is from fp32 under bf16 autocast, per scoring path.
 
-    python benchmarks/sft_bf16_gradients.py [--pretrain 300] [--out benchmarks/results/sft_bf16_gradients.json]
+    python benchmarks/archive/sft_bf16_gradients.py [--pretrain 300] [--out benchmarks/results/sft_bf16_gradients.json]
 
 The question it answers: does the shared-prefix SFT path (`train.share_prefix`, the common system
 prompt run once; tether.policy.prefix) lose accuracy under bf16 autocast that the padded path does
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 DEMO = HERE.parent / "src" / "tether" / "configs" / "demo.yaml"  # the embedded default (`tether demo`)
 
 
@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
                 arms.append(arm)
                 print(f"  share={share:3s} {arm['precision']} {arm['forward']:12s} loss {loss:.5f} "
                       f"grad rel. error {whole:.4f}", flush=True)
-    out = {"command": "python benchmarks/sft_bf16_gradients.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/archive/sft_bf16_gradients.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": {k: v for k, v in cpu_info().items() if k in ("model", "arch", "cores", "flags")},
            "torch": torch.__version__, "pretrain_steps": args.pretrain, "pretrain_final_loss": losses[-1] if losses else None,
            "reference": "padded, fp32, transformers' modules", "reference_loss": ref_loss, "arms": arms,

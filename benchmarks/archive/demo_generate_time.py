@@ -1,6 +1,6 @@
 """The demo's rollout sampling time, for comparing two source trees in alternating processes.
 
-    PYTHONPATH=<tree>/src python benchmarks/demo_generate_time.py --model runs/demo-<ts>/sft/final_model
+    PYTHONPATH=<tree>/src python benchmarks/archive/demo_generate_time.py --model runs/demo-<ts>/sft/final_model
         [--steps 5] [--label <tree>]
 
 Runs the demo's rollout (configs/demo.yaml: 16 problems x 8 episodes of multi-hop QA, up to 4 turns,
@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (archived one level below)
 
 
 def main(argv=None) -> dict:

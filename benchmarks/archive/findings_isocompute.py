@@ -2,7 +2,7 @@
 per budget, the best (B_p, M) at each rollouts-per-problem n with its mean ± standard error over
 seeds (ddof 1), n* (the best n), and the planner's picks and ranks.
 
-    python benchmarks/findings_isocompute.py --out benchmarks/results/findings/isocompute/from_plan_sweep.json
+    python benchmarks/archive/findings_isocompute.py --out benchmarks/results/findings/isocompute/from_plan_sweep.json
 
 --src may also be plan_sweep.py's own output (runs/plan_sweep/summary.json, after
 `python benchmarks/plan_sweep.py --task count --budgets 1024,4096 --seeds 0,1,2`, `... --budgets 8192

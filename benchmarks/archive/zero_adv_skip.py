@@ -1,7 +1,7 @@
 """Zero-advantage sequences forward only (`train.skip_zero_advantage`), against every sequence through
 the backward, on the benchmark's RL step.
 
-    python benchmarks/zero_adv_skip.py [--size small] [--precision fp32] [--fractions 0,0.25,0.5,0.75]
+    python benchmarks/archive/zero_adv_skip.py [--size small] [--precision fp32] [--fractions 0,0.25,0.5,0.75]
                                        [--pairs 3] [--out benchmarks/results/zero_adv_skip.json]
 
 vs_trl.py's benchmark step (8 prompts x 8 completions of the reverse task, dense reward) with the
@@ -12,7 +12,7 @@ medians of `--pairs` steps each). Expected: the update shrinks by about 2/3 of t
 share (a forward is ~1/3 of forward + backward), the sampling not at all. The same update in
 both settings is tests/unit/core/test_update_inert.py's.
 
-    python benchmarks/zero_adv_skip.py --first-step [--size small] [--precision bf16]
+    python benchmarks/archive/zero_adv_skip.py --first-step [--size small] [--precision bf16]
                                        [--out benchmarks/results/zero_adv_first_step.json]
 
 The one-time cost of the first zero-advantage step under `train.compile` (bf16; the compiled
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 
@@ -130,7 +130,7 @@ def first_step(args, argv) -> dict:
     import os
     import subprocess
 
-    out = {"command": "python benchmarks/zero_adv_skip.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/archive/zero_adv_skip.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "size": args.size, "precision": args.precision, "arms": {}}
     for arm in ("two-graphs", "one-graph"):
         with tempfile.TemporaryDirectory() as cache:
@@ -187,7 +187,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)
     t0 = time.time()
-    out = {"command": "python benchmarks/zero_adv_skip.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python benchmarks/archive/zero_adv_skip.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine_description(1), "size": args.size, "precision": args.precision,
            "compiled": args.compiled, "groups": 8, "fractions": {}}
     with tempfile.TemporaryDirectory() as tmp:

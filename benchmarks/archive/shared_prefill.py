@@ -1,6 +1,6 @@
 """The sampler's shared prefill, on and off, in one process (docs/performance.md, "The sampler").
 
-    python benchmarks/shared_prefill.py [--sizes small,large] [--rounds 9] [--precision fp32] [--out FILE]
+    python benchmarks/archive/shared_prefill.py [--sizes small,large] [--rounds 9] [--precision fp32] [--out FILE]
 
 GRPO samples n completions per prompt; tether's sampler runs the prompt forward (the prefill) once
 per distinct prompt and copies its keys/values to the prompt's rows (tether.policy.sampling,
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

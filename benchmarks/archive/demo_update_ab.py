@@ -1,8 +1,8 @@
 """The demo's update before and after one change, on one multi-turn batch, paired.
 
-    python benchmarks/demo_update_ab.py --change head [--model runs/demo-<ts>/sft/final_model] [--reps 10]
+    python benchmarks/archive/demo_update_ab.py --change head [--model runs/demo-<ts>/sft/final_model] [--reps 10]
                                         [--vocab 32000] [--out benchmarks/results/head_demo.json]
-    python benchmarks/demo_update_ab.py --change fp32_sdpa ...
+    python benchmarks/archive/demo_update_ab.py --change fp32_sdpa ...
 
 The demo's task (multi-hop QA with a `search` tool, configs/demo.yaml: 16 problems x 8 episodes, up
 to 4 turns), fp32 as the demo runs, one thread. The model: the demo's SFT checkpoint when given
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/: this script is archived one level below it
 sys.path.insert(0, str(HERE))
 
 
@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
             times[name].append(dt)
         print(f"  [update] {name:7s} {dt:.3f} s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"change": args.change, "command": "python benchmarks/demo_update_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"change": args.change, "command": "python benchmarks/archive/demo_update_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine_description(args.threads), "precision": precision_summary(cfg, policy),
            "model": args.model or "100-step SFT of the demo here", "vocab": policy.model.config.vocab_size, "sequences": batch.num_seqs,
            "positions": int(batch.attention_mask_BT.sum()), "loss_positions": int((batch.loss_mask_BT > 0).sum()),

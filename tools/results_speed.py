@@ -1,0 +1,242 @@
+"""docs/results.md's speed sections: tether against TRL, the regression guard, the step's floor, and the
+measured effect of each speed change.
+
+Each `Entry` reads its files at generation time (tools/gen_results.py); numbers never go into the text.
+The comparison table is rendered by benchmarks/vs_trl.py's own `table`, the one that prints it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from results_lib import ROOT, Entry, cpu_of, f2, loadavg, table
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import vs_trl  # noqa: E402  (stdlib only at import time)
+
+R = "benchmarks/results/"
+
+
+def _machine(m: dict) -> str:
+    la = [m.get("load_avg_start", [None])[0], (m.get("load_avg_end") or [None])[0]]
+    load = "/".join(f"{x:.1f}" for x in la if x is not None)
+    return f"{cpu_of(m)}, {m['cores']} cores, {m['date']}, 1-minute load {load} at the start/end"
+
+
+def _ratios(r: dict) -> str:
+    sp = r["same_precision"]
+    return ", ".join(f"{p} {f2(x['s_per_step_ratio'])}" for p, x in sp.items())
+
+
+def read_vs_trl(d):
+    v, late, late32 = d["v"], d["latest"], d["floor32"]
+    s, lg = v["sizes"]["small"], v["sizes"]["large"]
+    ls, ll = late["sizes"]["small"], late["sizes"]["large"]
+    learn = v["learning"]["summary"]
+    fl = d["floor"]["sizes"]
+    return {
+        "table": vs_trl.table(v), "machine": _machine(v["machine"]), "runs": v["settings"]["runs"],
+        "minutes": f"{v['wall_s'] / 60:.0f}",
+        "best_s": f2(s["s_per_step_ratio_best"]), "best_l": f2(lg["s_per_step_ratio_best"]),
+        "def_s": f2(s["s_per_step_ratio"]), "def_l": f2(lg["s_per_step_ratio"]),
+        "rss_s": f2(s["peak_rss_ratio"]), "rss_l": f2(lg["peak_rss_ratio"]),
+        "late_machine": _machine(late["machine"]), "late_best_s": f2(ls["s_per_step_ratio_best"]),
+        "late_best_l": f2(ll["s_per_step_ratio_best"]), "late_same_s": _ratios(ls), "late_same_l": _ratios(ll),
+        "late_fp32_l5": f2(d["large32"]["sizes"]["large"]["same_precision"]["fp32"]["s_per_step_ratio"]),
+        "auto": f2(d["auto"]["sizes"]["large"]["s_per_step_ratio"]),
+        "tl": f"{learn['tether']['last_window_mean']:.3f} ± {learn['tether']['sd']:.3f}",
+        "rl": f"{learn['trl']['last_window_mean']:.3f} ± {learn['trl']['sd']:.3f}",
+        "lsteps": v["learning"]["steps"], "lseeds": len(v["learning"]["seeds"]),
+        "floor_bf16": " / ".join(f2(fl[k]["gemm_attention_floor_over_trl"]) for k in ("small", "large")),
+        "floor_fp32": " / ".join(f2(late32["sizes"][k]["gemm_attention_floor_over_trl"]) for k in ("small", "large")),
+        "tether_bf16": " / ".join(f2(fl[k]["tether_over_trl"]) for k in ("small", "large")),
+        "tether_fp32": " / ".join(f2(late32["sizes"][k]["tether_over_trl"]) for k in ("small", "large")),
+    }
+
+
+VS_TRL = Entry(
+    key="vs-trl", title="tether against TRL's GRPOTrainer (`make bench`)",
+    sources={"v": R + "vs_trl.json", "latest": R + "vs_trl_2026-12-04.json", "large32": R + "vs_trl_large_fp32_2026-12-04.json",
+             "auto": R + "vs_trl_large_auto_2026-12-02.json", "floor": R + "step_floor_family25_2026-12-03_late.json",
+             "floor32": R + "step_floor_fp32_family25_2026-12-03_late.json"},
+    command="make bench (= python benchmarks/vs_trl.py); the rerun: python benchmarks/vs_trl.py --no-curves --no-ablations "
+            "--no-prefix; the floor: python benchmarks/step_floor.py [--precision fp32]",
+    read=read_vs_trl,
+    headline="an RL step in {late_best_s}× (small model) and {late_best_l}× (large) the time of TRL's GRPOTrainer, "
+             "each at its fastest setting on the same CPU",
+    text="""
+The same locally built Llama, prompts (the reverse task), reward and sampling; 8 prompts × 8
+completions × up to 64 tokens; one update per batch; the frameworks alternate in fresh processes,
+{runs} counted runs each, medians. TRL runs in fp32 and in bf16 and TRL-best is its faster arm; every
+row names its precision. "compiled" is `train.compile=true rollout.compile=true`.
+
+**The full run** ({machine}; {minutes} min):
+
+{table}
+
+- tether at its best against TRL at its best: **{best_s} (small) and {best_l} (large)**; with tether's
+  defaults {def_s} / {def_l}; peak RSS {rss_s} / {rss_l} of TRL's. With `train.compile` / `rollout.compile`
+  on `auto` (since this run), the large model compiled by default ran at {auto} of TRL bf16's time
+  (`vs_trl_large_auto_2026-12-02.json`).
+- **The rerun on the current code** ({late_machine}): tether-best / TRL-best **{late_best_s} / {late_best_l}**;
+  same precision: small {late_same_s}, large {late_same_l} (the large fp32 arm over 5 runs:
+  {late_fp32_l5}, `vs_trl_large_fp32_2026-12-04.json`). Two machines of one class differ by about a
+  quarter in this ratio, so the runs are not a before/after of the code; docs/performance.md has the
+  in-process A/Bs.
+- The issue's targets (≤ 0.33 at the best settings, ≤ 0.5 at the same precision) are **not met** in
+  fp32. The floor measured on the family-25 machine, matmuls plus attention alone, is {floor_bf16}
+  (small / large) of TRL's step in bf16 and {floor_fp32} in fp32, against tether's {tether_bf16} and
+  {tether_fp32} there: in fp32 the small model's target sits at the hardware floor.
+- Learning is not traded for speed: reward over the last 10 of {lsteps} steps from the same SFT start,
+  {lseeds} seeds, tether {tl} vs TRL {rl} (sd over seeds), within noise.
+""",
+)
+
+
+def read_avx2(d):
+    v = d["v"]
+    rows = []
+    for size, r in v["sizes"].items():
+        for name in ("tether", "trl_fp32", "tether_compiled"):
+            x = r[name]
+            rows.append([f"{size} ({r['params'] / 1e6:.1f}M)", vs_trl._label(name, r["arm_precision"][name], x),
+                         f2(x["s_per_step"]), f"{x['gen_over_decode_floor']:.1f}x{vs_trl.kv_floor(x)}"])
+        rows.append([size, "**tether, defaults / TRL-best**", f"**{f2(r['s_per_step_ratio'])}**", ""])
+    return {"table": table(["size", "framework (precision)", "s/step", "gen time / decode floor (with KV reads)"], rows),
+            "machine": _machine(v["machine"]), "runs": v["settings"]["runs"],
+            "rss": " / ".join(f2(r["peak_rss_ratio"]) for r in v["sizes"].values()),
+            "sim": " / ".join(f2(r["s_per_step_ratio"]) for r in d["sim"]["sizes"].values())}
+
+
+VS_TRL_AVX2 = Entry(
+    key="vs-trl-avx2", title="The same comparison on a CPU without native bf16",
+    sources={"v": R + "vs_trl_avx2_2026-12-02.json", "sim": R + "vs_trl_avx2_simulated.json"},
+    command="python benchmarks/vs_trl.py --sizes small,large --runs 3 --trl-precision fp32 --no-curves --no-ablations --no-prefix",
+    read=read_avx2,
+    text="""
+A real AVX2-only EPYC ({machine}), {runs} runs per arm; tether's `auto` precision is fp32 there and
+TRL runs in fp32 (its bf16 would be emulated). Another engineer's single-threaded runs used the
+second core throughout.
+
+{table}
+
+tether with its defaults is faster than TRL at TRL's best setting on both sizes, not 3x; peak RSS
+{rss} of TRL's. The earlier simulation (a native-bf16 CPU with its kernels capped at AVX2) read {sim}.
+""",
+)
+
+
+def read_guard(d):
+    rows = [[cls, f2(b["ratio"]), f"{b['tether_s_per_step']:.2f} ({b['tether_precision']})",
+             f"{b['trl_s_per_step']:.2f} ({b['trl_precision']})", b["runs"], b["date"], loadavg(b.get("load_avg"))]
+            for cls, b in d["b"].items()]
+    return {"table": table(["CPU class (generation)", "tether / TRL", "tether s/step", "TRL s/step", "runs", "date",
+                            "load avg (start/end)"], rows)}
+
+
+GUARD = Entry(
+    key="bench-quick", title="The regression guard (`make bench-quick`)",
+    sources={"b": R + "baseline_quick.json"},
+    command="make bench-quick (refresh a baseline: make bench-quick BENCH_QUICK_ARGS=--update)",
+    read=read_guard,
+    text="""
+The small model's tether/TRL step-time ratio in one sitting, against the committed baseline for
+this CPU class and generation; `make bench-quick` exits 1 when the ratio is more than 15% worse.
+Two generations of one class differ by about a quarter in this ratio, hence one baseline each:
+
+{table}
+""",
+)
+
+
+def read_changes(d):
+    z32, z16 = d["zero32"]["fractions"], d["zero16"]["fractions"]
+    frac = [k for k in z32 if not k.startswith("0/")]
+    g = d["gemm"]["steps"]
+    pre = d["v"]["prefix_sharing"]
+    rows = [
+        ["fp32 linear layers through oneDNN", "step time, fp32: small " + f2(g["small fp32"]["onednn_over_torch_time"]["step_s"])
+         + ", large " + f2(g["large fp32"]["onednn_over_torch_time"]["step_s"]) + "; bf16 compiled: small "
+         + f2(g["small bf16"]["onednn_over_torch_time"]["step_s"]) + ", large " + f2(g["large bf16"]["onednn_over_torch_time"]["step_s"]),
+         "`cpu_gemm.json`", "python benchmarks/cpu_gemm.py --pairs 4"],
+        ["zero-advantage sequences forward only", "update time with " + ", ".join(frac) + " groups at zero advantage: fp32 "
+         + " / ".join(f2(z32[k]["b_over_a"]["update_s"]) for k in frac) + "; bf16 compiled "
+         + " / ".join(f2(z16[k]["b_over_a"]["update_s"]) for k in frac),
+         "`zero_adv_skip_small_*.json`", "python benchmarks/archive/zero_adv_skip.py [--precision bf16 --compiled]"],
+        ["the LM head on loss positions only (demo batch)", f"update time: vocabulary {d['head']['vocab']} "
+         f"{f2(d['head']['after_over_before'])}, padded to {d['head32k']['vocab']} {f2(d['head32k']['after_over_before'])}",
+         "`head_demo.json`, `head_vocab32000.json`", "python benchmarks/archive/demo_update_ab.py --change head [--vocab 32000]"],
+        ["fp32 attention through SDPA (demo batch)", f"update time {f2(d['sdpa']['after_over_before'])}", "`fp32_sdpa_demo.json`",
+         "python benchmarks/archive/demo_update_ab.py --change fp32_sdpa"],
+        ["keys/values carried across turns (demo RL step)", f"sampling {f2(d['turn']['b_over_a']['generate_s'])}, "
+         f"step {f2(d['turn']['b_over_a']['step_s'])}", "`turn_kv_demo.json`", "python benchmarks/archive/turn_kv.py"],
+        ["prefix sharing, forward+backward", f"{pre['speedup']:.1f}x faster ({pre['shared_s']:.3f} vs {pre['unshared_s']:.3f} s; "
+         + pre["description"] + ")", "`vs_trl.json`", "python benchmarks/bench_prefix.py"],
+    ]
+    return {"table": table(["change", "measured (new time / old time)", f"file (under `{R}`)", "command"], rows)}
+
+
+CHANGES = Entry(
+    key="speed-changes", title="What each speed change measured",
+    sources={"gemm": R + "cpu_gemm.json", "zero32": R + "zero_adv_skip_small_fp32.json",
+             "zero16": R + "zero_adv_skip_small_bf16_compiled.json", "head": R + "head_demo.json",
+             "head32k": R + "head_vocab32000.json", "sdpa": R + "fp32_sdpa_demo.json", "turn": R + "turn_kv_demo.json",
+             "v": R + "vs_trl.json"},
+    command="see each row",
+    read=read_changes,
+    text="""
+Paired A/Bs in one process (one torch thread, family-25 native-bf16 EPYC unless the file says
+otherwise; about ±5-10% noise), each a change that is on by default now. docs/performance.md explains
+each change and what was tried and did not help.
+
+{table}
+""",
+)
+
+
+def read_dist(d):
+    t = d["t"]
+    rows = [[k, f"{v:.2f}x"] for k, v in t["ratios"].items()]
+    return {"table": table(["ratio of trained samples/s", "value"], rows), "steps": t["steps"],
+            "la": loadavg(t["machine"]["loadavg_before"])}
+
+
+DIST = Entry(
+    key="async", title="Asynchronous RL on Ray: throughput on 2 cores (docs/distributed.md)",
+    sources={"t": R + "dist_throughput.json"},
+    command="python benchmarks/dist_throughput.py",
+    read=read_dist,
+    text="""
+Medians from one sitting, {steps} steps per configuration, on a 2-core machine at load {la}
+(1/5/15 min) from other jobs. The trainer and every rollout worker share the two cores, so these
+ratios say that the recipe runs and overlaps, not what a GPU cluster gains.
+
+{table}
+""",
+)
+
+
+def read_make_test(d):
+    t = d["t"]
+    m = re.search(r"(\d+) passed, (\d+) skipped .* in ([\d.]+) s of pytest .*?; (\d+ min \d+ s) including", t["result"])
+    if not m:
+        raise ValueError("the result line's format changed")
+    la = t["load_avg_1min"]
+    return {"passed": m.group(1), "skipped": m.group(2), "pytest": f"{float(m.group(3)) / 60:.1f}", "all": m.group(4),
+            "la_mean": f"{la['mean']:.1f}", "la_max": f"{la['max']:.0f}", "machine": t["machine"], "date": t["date"]}
+
+
+MAKE_TEST = Entry(
+    key="make-test", title="`make test` on a loaded machine",
+    sources={"t": "docs/results/make_test_loaded_2026-12-01.json"},
+    command="git clone <repo> fresh && cd fresh && bash .ci/run (with two busy loops running; benchmarks/results/make_test_loaded.sh)",
+    read=read_make_test,
+    text="""
+A fresh clone's `bash .ci/run` ({machine}, {date}) with two busy processes running throughout (1-minute load
+mean {la_mean}, max {la_max}): {passed} passed, {skipped} skipped in {pytest} min of pytest, {all} with the
+install. The suite has grown since; an idle machine's timing is not committed (see the last section).
+""",
+)
+
+ENTRIES = [VS_TRL, VS_TRL_AVX2, GUARD, CHANGES, DIST, MAKE_TEST]

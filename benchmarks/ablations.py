@@ -46,8 +46,9 @@ def _batch(model_dir: Path, threads: int):
     from vs_trl import base_spec
 
     from tether.policy.hf import load_policy
-    from tether.recipes.common import seed_everything, setup_problems
-    from tether.recipes.rl import RLState, make_train_batch
+    from tether.train.setup import seed_everything, setup_problems
+    from tether.train.state import RLState
+    from tether.train.batch import make_train_batch
     from tether.rollout import collect_groups
 
     cfg = load_cfg(base_spec("tether", model_dir, "fp32", threads, 0))
@@ -178,7 +179,7 @@ def gemm_breakdown(policy, batch) -> dict[str, float]:
 def old_logprob_pass(policy, batch, cfg, reps: int) -> dict[str, float]:
     import torch
 
-    from tether.update import compute_batch_logprobs
+    from tether.train.update import compute_batch_logprobs
 
     pol = dataclasses.replace(policy, autocast_bf16=True)
 

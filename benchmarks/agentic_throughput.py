@@ -71,9 +71,10 @@ def main(argv=None) -> dict:
 
     from tether.config import load_config
     from tether.recipes.demo import demo_config_path
-    from tether.recipes.rl import RLState, run_rl_step
+    from tether.train.state import RLState
+    from tether.recipes.rl import run_rl_step
     from tether.recipes.sft import run_sft
-    from tether.recipes.common import precision_summary, setup_problems
+    from tether.train.setup import precision_summary, setup_problems
     from vs_trl import machine_description
 
     t0 = time.perf_counter()

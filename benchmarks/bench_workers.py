@@ -107,8 +107,8 @@ def _step_record(step_s, gen_s, prompts, completions, reward) -> dict:
 def tether_state(spec: dict):
     """(config, tether.recipes.rl.RLState) of a benchmark spec: seeded, the policy loaded in train mode."""
     from tether.policy.hf import load_policy
-    from tether.recipes.common import seed_everything, setup_problems
-    from tether.recipes.rl import RLState
+    from tether.train.setup import seed_everything, setup_problems
+    from tether.train.state import RLState
 
     cfg = load_cfg(spec)
     seed_everything(cfg.run.seed, False, cfg.run.threads, cfg.run.retain_memory)
@@ -166,7 +166,7 @@ def _trl_trainer(spec: dict, timings: dict):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
 
     class TimedGRPO(GRPOTrainer):
         """GRPOTrainer with its sampling call timed (no behaviour change)."""

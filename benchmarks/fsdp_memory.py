@@ -60,7 +60,7 @@ def _rank(rank: int, world: int, port: int, sharded: bool, out: str) -> None:
     from tether.dist.fsdp import ShardedDataParallel, compute_local_bytes, shard_model
     from tether.dist.trainer import do_init_group
     from tether.optim import build_optimizer
-    from tether.update import UpdateContext, run_update
+    from tether.train.update import UpdateContext, run_update
 
     cfg = load_config(None, ["algo.mini_batches=2", "train.micro_batch_tokens=128", "train.share_prefix='off'"])
     policy, dp = _policy(), None

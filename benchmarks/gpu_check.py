@@ -103,7 +103,7 @@ def run_fsdp2_step(device: str, backend: str) -> dict:
     from tether.optim import build_optimizer
     from tether.policy.hf import make_policy
     from tether.policy.tiny import build_tiny_model, build_tokenizer
-    from tether.update import UpdateContext, run_update
+    from tether.train.update import UpdateContext, run_update
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     try:

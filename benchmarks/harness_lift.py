@@ -9,7 +9,7 @@ Its cold start is SFT on a weak teacher's demonstrations (40% corrupted, `sft.de
 config and docs/byo.md describe; SFT does not involve the harness and is timed separately. The RL
 stage's rollouts are episodes of configs/agents/complete_agent.py, a separate process per episode
 that only speaks the OpenAI completions API over HTTP; tether trains on the tokens its endpoint
-sampled (tether.envs.harness). Held-out success is the RL recipe's own evaluation, before the first
+sampled (tether.rollout.harness). Held-out success is the RL recipe's own evaluation, before the first
 step and after the last, which goes through the same harness (`make_rollout` is a HarnessRollout
 when `harness.command` is set): pass@1 over `eval.samples` agent runs per held-out problem, and the
 greedy run. The figure compared with the issue's "15 minutes on 2 cores" is the RL stage's wall
@@ -77,7 +77,7 @@ def eval_rows(run_dir: Path) -> list[dict]:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from tether.envs.harness import HarnessRollout
+    from tether.rollout.harness import HarnessRollout
     from tether.recipes.rl import run_rl
     from tether.recipes.sft import run_sft
     from tether.rollout import make_rollout

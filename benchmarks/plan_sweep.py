@@ -53,7 +53,7 @@ def run_planner(task: str, model: Path, out: Path, budgets: list[int], min_steps
     from tether.rollout import make_rollout
     from tether.plan.planner import PlanConstraints, recommend_allocation
     from tether.policy.hf import load_policy
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
 
     path = out / "pilot.json"
     if path.is_file():

@@ -217,7 +217,7 @@ def rl_result(over: list[str], run: Path, t: float, c: float) -> dict:
 
 
 def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
     from tether.recipes.sft import run_sft
 
     base = [f"run.seed={seed}", "run.threads=1", "logging.progress=false"] + (["sft.steps=60"] if quick else [])

@@ -93,7 +93,7 @@ def build_model_dir(size: str, out: Path) -> Path:
     """The reverse demo's byte-level tokenizer (trained on the reverse task) + a tiny Llama of `size`."""
     from tether.config import TinyModelConfig
     from tether.policy.tiny import build_tiny_model, build_tokenizer
-    from tether.recipes.common import setup_problems, tokenizer_corpus
+    from tether.train.setup import setup_problems, tokenizer_corpus
 
     from bench_workers import load_cfg
 

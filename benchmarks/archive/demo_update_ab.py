@@ -47,9 +47,10 @@ def main(argv=None) -> dict:
 
     import torch
 
-    import tether.update as update
-    from tether.recipes.common import precision_summary
-    from tether.recipes.rl import RLState, make_train_batch
+    import tether.train.update as update
+    from tether.train.setup import precision_summary
+    from tether.train.state import RLState
+    from tether.train.batch import make_train_batch
     from tether.rollout import collect_groups
     from vs_trl import machine_description
 
@@ -97,9 +98,9 @@ def demo_state(model: str | None, threads: int):
 
     from tether.config import load_config
     from tether.policy.hf import load_policy
-    from tether.recipes.common import seed_everything, setup_problems
+    from tether.train.setup import seed_everything, setup_problems
     from tether.recipes.demo import demo_config_path
-    from tether.recipes.rl import RLState
+    from tether.train.state import RLState
     from tether.recipes.sft import run_sft
 
     base = [f"run.threads={threads}", "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0",
@@ -122,7 +123,7 @@ def _settings(change: str):
     import torch
 
     import tether.policy.lean_train as lean_train
-    import tether.update as update
+    import tether.train.update as update
 
     if change == "head":
         now = update.compute_sequence_logprobs

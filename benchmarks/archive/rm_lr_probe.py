@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=str(HERE / "results" / "rm_lr_probe.json"))
     a = ap.parse_args()
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
     from tether.recipes.rm import run_rm
 
     t0, c0 = time.perf_counter(), rm_demo.cpu_seconds()

@@ -30,7 +30,7 @@ def _gradient(policy, records, cfg, share: str, bf16: bool, lean: str):
     import torch
 
     from tether.algos import agg_loss, compute_agg_norm
-    from tether.batching import pad_records, split_by_token_budget
+    from tether.train.batching import pad_records, split_by_token_budget
     from tether.policy.prefix import compute_sequence_logprobs
 
     pol = copy.deepcopy(policy)
@@ -64,9 +64,9 @@ def main(argv=None) -> dict:
     from tether.data import ProblemStream
     from tether.hardware import cpu_info
     from tether.optim import build_optimizer, build_scheduler
-    from tether.recipes.common import seed_run, setup_policy, setup_problems
+    from tether.train.setup import seed_run, setup_policy, setup_problems
     from tether.rollout import make_rollout
-    from tether.update import UpdateState
+    from tether.train.update import UpdateState
 
     t0 = time.time()
     cfg = load_config(DEMO, ["model.autocast_bf16=false"])  # fp32 for the pre-training

@@ -35,7 +35,7 @@ def main(argv=None) -> dict:
     import torch
 
     from tether.config import load_config
-    from tether.recipes.common import precision_summary, seed_run, setup_policy, setup_problems
+    from tether.train.setup import precision_summary, seed_run, setup_policy, setup_problems
     from tether.recipes.demo import demo_config_path
     from tether.recipes.sft import _sft_step, build_demo_records
     from tether.optim import build_optimizer, build_scheduler

@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE))
 
 def zeroing_build(k: int):
     """make_train_batch, then the first k groups' advantages set to 0."""
-    from tether.recipes.rl import make_train_batch
+    from tether.train.batch import make_train_batch
 
     def build(st, cfg, groups):
         batch, bm = make_train_batch(st, cfg, groups)

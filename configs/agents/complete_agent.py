@@ -1,4 +1,4 @@
-"""A minimal black-box agent for `harness.command` (tether.envs.harness): one completion of the
+"""A minimal black-box agent for `harness.command` (tether.rollout.harness): one completion of the
 task's prompt through the OpenAI-compatible endpoint, printed as the answer.
 
 Standard library only (http.client: about half the start-up time of urllib.request, which

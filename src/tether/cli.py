@@ -125,11 +125,11 @@ def default_run_dir(name: str) -> Path:
 
 def _run_failures() -> tuple[type[Exception], ...]:
     """Errors that end a run with a message naming the cause (exit 1): not bugs, not bad input."""
-    from tether.envs.runner import EnvFailure
+    from tether.rollout.runner import EnvFailure
     from tether.policy.chat import TokenizationDrift
     from tether.rewards import RewardFailure
     from tether.io.checkpoint import CheckpointError
-    from tether.update import TrainingHalted
+    from tether.train.update import TrainingHalted
 
     return (RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift, CheckpointError)
 

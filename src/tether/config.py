@@ -377,7 +377,7 @@ class SandboxConfig(_Base):
 
 
 class HarnessConfig(_Base):
-    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.envs.harness)."""
+    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.rollout.harness)."""
 
     command: list[str] | None = Field(None, description="the agent program and its arguments, run once per episode "
                                                         "with OPENAI_BASE_URL / OPENAI_API_KEY / TETHER_TASK set")

@@ -4,7 +4,7 @@ tasks -> rollout -> rewards -> groups -> advantages -> batch -> update -> teleme
 
 Token ids are the only truth: a `Turn` stores the ids that were sampled (`action_ids`) and the ids
 that the environment appended (`observation_ids`); text is derived for display and rewards, never
-re-tokenised for training. Masks are built from lengths and stop reasons (see `batching.py`),
+re-tokenised for training. Masks are built from lengths and stop reasons (see `train/batching.py`),
 never from token values, so `pad == eos` and several eos ids are safe.
 
 Shape suffixes follow DESIGN.md: `_B` sequences, `_T` tokens, `_G` group members.

@@ -10,7 +10,8 @@ import torch
 pytest.importorskip("peft")
 
 from tether.config import load_config  # noqa: E402
-from tether.recipes.rl import RLState, run_rl  # noqa: E402
+from tether.train.state import RLState  # noqa: E402
+from tether.recipes.rl import run_rl
 from tether.recipes.sft import run_sft  # noqa: E402
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
@@ -66,7 +67,7 @@ def test_lora_reference_shares_the_base_weights(tmp_path):
     from tether.policy.hf import make_policy
     from tether.policy.lora import is_lora
     from tether.policy.tiny import build_tiny_model, build_tokenizer
-    from tether.recipes.common import attach_lora
+    from tether.train.setup import attach_lora
 
     cfg = load_config(None, RL + ["train.steps=1"])
     tok = build_tokenizer(["abc cba", "hello olleh"], 64)
@@ -138,7 +139,7 @@ def test_lora_async_combinations_that_are_not_wired_are_refused(override, match)
 def test_stage_recipes_save_a_lora_policy_as_an_adapter_that_loads_merged(tmp_path):
     from tether.policy.hf import make_policy
     from tether.policy.tiny import build_tiny_model, build_tokenizer
-    from tether.recipes.common import attach_lora
+    from tether.train.setup import attach_lora
     from tether.recipes.stage_common import load_model_dir, save_model
 
     cfg = load_config(None, RL + ["train.steps=1"])

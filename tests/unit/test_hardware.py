@@ -80,7 +80,7 @@ def _tiny_cfg(extra):
                                                  (AVX512_BF16, ["model.autocast_bf16=false"], False),
                                                  (AVX2, ["model.autocast_bf16=true"], True)])
 def test_setup_policy_resolves_logs_and_records(fake_cpu, tmp_path, capsys, info, extra, expected):
-    from tether.recipes.common import precision_summary, setup_policy, setup_problems
+    from tether.train.setup import precision_summary, setup_policy, setup_problems
 
     fake_cpu(info)
     cfg = _tiny_cfg(extra)

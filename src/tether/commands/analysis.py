@@ -30,7 +30,7 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
         pilot = PilotResult.load(pilot_file)
     else:
         from tether.policy.hf import load_policy
-        from tether.recipes.common import seed_run, setup_problems
+        from tether.train.setup import seed_run, setup_problems
         from tether.recipes.evaluate import resolve_target
         from tether.rollout import make_rollout
 

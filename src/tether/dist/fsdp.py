@@ -67,7 +67,7 @@ def compute_lockstep_shards(lengths: Sequence[int], token_budget: int, world: in
     The token-budget micro-batches are split (largest first) until their count is a multiple of
     `world`; when every one is a single row, the two cheapest are merged instead (that one goes
     over the budget). Then largest first onto the least loaded rank that still has room."""
-    from tether.batching import split_by_token_budget
+    from tether.train.batching import split_by_token_budget
 
     if len(lengths) < world:
         raise ValueError(f"a mini-batch of {len(lengths)} sequences cannot feed {world} sharded ranks in lockstep; "

@@ -1,6 +1,6 @@
 """Turn-level partial rollouts (Kimi-Researcher, 2025): park long episodes, continue them with newer weights.
 
-Each group (the n episodes of one problem) is played by `tether.envs.runner.run_env_rollouts` on
+Each group (the n episodes of one problem) is played by `tether.rollout.runner.run_env_rollouts` on
 a thread of its own, with its `generate` hook pointed at `TurnBroker.generate`: the broker
 collects the turn requests of all live groups and serves them in ONE batched sampling call per
 sampling setting (as run_env_rollouts batches all episodes of a call), on the worker's thread,

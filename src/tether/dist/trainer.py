@@ -3,7 +3,7 @@
 Rank 0 is the driver process, which runs the recipe (recipes/rl_async.py -> recipes/rl.py);
 ranks 1..W-1 are Ray actors (`TrainerFollower`) holding a replica of the policy, optimizer,
 scheduler, reference and critic. Every update, through the hooks `run_update` calls
-(`tether.update`, argument `dp`):
+(`tether.train.update`, argument `dp`):
 
 - `begin`: rank 0 broadcasts the TrainBatch, its generator state (the mini-batch permutation)
   and the KL coefficient; the followers are waiting for it in `TrainerFollower.follow`;
@@ -99,7 +99,7 @@ class DataParallel:
             bucket, size = ([p.grad], p.numel()) if p is not None else ([], 0)
 
     def reduce_metrics(self, acc: Any) -> None:
-        """Merge the ranks' metric accumulators (tether.update._Acc) into `acc`."""
+        """Merge the ranks' metric accumulators (tether.train.update._Acc) into `acc`."""
         parts: list[Any] = [None] * self.world
         tdist.all_gather_object(parts, (acc.sums, acc.weights, acc.maxes, acc.losses))
         sums, weights, maxes, losses = {}, {}, {}, {}
@@ -140,7 +140,7 @@ class TrainerFollower:
     def __init__(self, rank: int, world: int, bundle: Mapping[str, Any], cfg: Any,
                  train_problems: Sequence[Mapping[str, Any]], threads: int = 1) -> None:
         from tether.dist.weights import build_policy_from_bundle
-        from tether.recipes.rl import RLState
+        from tether.train.state import RLState
 
         torch.set_num_threads(max(1, threads))
         self.rank, self.world, self.cfg = rank, world, cfg
@@ -170,7 +170,7 @@ class TrainerFollower:
 
     def follow(self) -> int:
         """Run updates as rank 0 sends them, until it stops the group; returns the update count."""
-        from tether.update import UpdateContext, run_update
+        from tether.train.update import UpdateContext, run_update
 
         st, cfg, n = self.st, self.cfg, 0
         while True:

@@ -1,4 +1,4 @@
-"""Multi-turn environments: the Env protocol, context builders, tool calling, MCP, rollouts.
+"""Multi-turn environments: the Env protocol, context builders, tool calling, MCP, the sandbox.
 
 Importing the package registers the built-in environments (`tether.envs.builtin`) in `ENVS`
 and, as tasks, in `tether.tasks.TASKS`.
@@ -19,7 +19,6 @@ from tether.envs.base import (
 from tether.envs.tools import Tool, ToolCall, make_tool, parse_tool_calls, run_tool_calls
 from tether.types import Message
 from tether.envs.mcp import MCPToolServer
-from tether.envs.runner import EnvFailure, run_env_rollouts
 from tether.envs import builtin  # noqa: F401,E402  (registration)
 from tether.envs import mcp_env, openenv, verifiers_env  # noqa: F401,E402  (registration: MCP from the config, OpenEnv, verifiers)
 
@@ -27,7 +26,6 @@ __all__ = [
     "ENVS",
     "Action",
     "Env",
-    "EnvFailure",
     "EnvSpec",
     "MCPToolServer",
     "Message",
@@ -40,7 +38,6 @@ __all__ = [
     "make_tool",
     "parse_tool_calls",
     "register_env",
-    "run_env_rollouts",
     "run_expert_episode",
     "run_tool_calls",
 ]

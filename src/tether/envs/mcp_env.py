@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from tether.errors import InputError
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
 from tether.envs.tools import Tool, run_tool_turn
-from tether.policy.chat import Message
+from tether.types import Message
 
 SYSTEM = "Use the tools when they help. End with: Answer: <answer>"
 _SERVERS: dict[str, Any] = {}

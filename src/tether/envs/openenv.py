@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from tether.errors import InputError
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
-from tether.policy.chat import Message
+from tether.types import Message
 
 _HIDDEN = ("reward", "done", "metadata")
 

@@ -11,14 +11,15 @@ Two ways to play an episode, chosen by what the object is:
 - **a verifiers `Environment`** (verifiers 0.2-0.3, `vf.SingleTurnEnv`, `vf.MultiTurnEnv`,
   `vf.ToolEnv`, ...; anything with `run_rollout`): the environment runs its OWN rollout loop
   (its stop conditions, `env_response`, tools, parser) against tether's OpenAI-compatible
-  endpoint (`tether.serve`), through verifiers' `OpenAIChatCompletionsClient`, one episode id per
+  endpoint (`tether.serve.endpoint`), through verifiers' `OpenAIChatCompletionsClient`, one episode id per
   rollout, and its rubric scores the episode (`state["reward"]`). tether trains on the tokens
-  its endpoint sampled (exact capture: the agent harness, `tether.envs.harness`, with the
-  environment as an in-process agent; `harness.concurrency` episodes at once). Tested against
+  its endpoint sampled (exact capture: the agent harness, `tether.rollout.harness`, with the
+  environment as an in-process agent; `harness.concurrency` episodes at once). That rollout
+  half lives in `tether.rollout.verifiers`. Tested against
   verifiers 0.3.1. verifiers 0.4 replaced this stack by `verifiers.v1` (tasksets and harnesses,
   no `Environment` / `Rubric`), which this adapter does not cover.
 - **any other object with the classic interface** (duck-typed; no verifiers import): tether
-  samples the turns itself (token in / token out, `tether.envs.runner`): `dataset` rows with
+  samples the turns itself (token in / token out, `tether.rollout.runner`): `dataset` rows with
   `prompt` (chat messages) or `question` (`system_prompt` is prepended), `answer`, `info`, `task`;
   `max_turns` (<= 0: until the environment stops or env.max_turns) and `env_response(messages,
   state)` returning the next messages (or `(messages, state)`), an optional
@@ -36,12 +37,11 @@ import importlib
 import inspect
 import json
 import random
-import time
 from typing import Any, Mapping
 
 from tether.errors import InputError
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
-from tether.policy.chat import Message
+from tether.types import Message
 
 _REWARD_ARGS = ("prompt", "completion", "answer", "state", "info", "task", "parser")
 
@@ -150,57 +150,6 @@ def make_verifiers_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[
     msgs = _prompt_messages(env, rows[k])
     return {"id": f"vf-{i}", "prompt": msgs[-1]["content"], "answer": str(rows[k].get("answer", "")), "row": k,
             "split": split, "env": "verifiers", "vf_env": kw["env"], "vf_args": dict(kw.get("args") or {})}
-
-
-def runs_own_rollouts(env: Any) -> bool:
-    """A verifiers `Environment` (its own rollout loop) rather than a classic duck-typed one."""
-    return callable(getattr(env, "run_rollout", None)) and callable(getattr(env, "rollout", None))
-
-
-def play_verifiers_episode(task: Mapping[str, Any], base_url: str, api_key: str, episode_id: str,
-                           timeout_s: float):
-    """One episode: the environment's own `run_rollout` against the endpoint at `base_url`
-    (the episode's URL), scored by its rubric; an `EpisodeResult` (tether.envs.harness), never raises."""
-    import verifiers as vf
-    from openai import AsyncOpenAI
-
-    from tether.envs.harness import EpisodeResult
-    from tether.types import Outcome
-
-    env = load_verifiers_env(task["vf_env"], task.get("vf_args"))
-    row = dict(getattr(env, task.get("split", "dataset"))[int(task["row"])])
-
-    async def play() -> Any:
-        client = vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0))
-        return await asyncio.wait_for(env.run_rollout(row, client, "tether", {}), timeout_s)
-
-    t0 = time.perf_counter()
-    try:
-        out = asyncio.run(play())
-    except (asyncio.TimeoutError, TimeoutError):
-        return EpisodeResult(error=f"verifiers rollout ran past harness.timeout_s={timeout_s:g}",
-                             outcome=Outcome.TIMEOUT, seconds=time.perf_counter() - t0)
-    except Exception as err:  # the environment's own failure: an error outcome, counted and masked
-        return EpisodeResult(error=f"verifiers rollout: {type(err).__name__}: {str(err)[:300]}", outcome=Outcome.ERROR,
-                             seconds=time.perf_counter() - t0)
-    dt = time.perf_counter() - t0
-    if out.get("error"):
-        return EpisodeResult(error=f"verifiers rollout: {str(out['error'])[:300]}", outcome=Outcome.ERROR, seconds=dt)
-    return EpisodeResult(reward=float(out.get("reward") or 0.0), seconds=dt)
-
-
-def make_verifiers_rollout(cfg: Any) -> Any | None:
-    """For `data.task=verifiers` with a verifiers `Environment`: the agent harness with the
-    environment's own rollout loop as the agent (module docstring); None for a classic one."""
-    kw = cfg.data.task_kwargs or {}
-    if not runs_own_rollouts(load_verifiers_env(kw.get("env"), kw.get("args"))):
-        return None
-    from tether.envs.harness import HarnessRollout
-
-    h = cfg.harness
-    return HarnessRollout((), cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
-                          kind="verifiers environment (its own rollout loop)", max_error_rate=cfg.env.max_error_rate,
-                          agent=play_verifiers_episode)
 
 
 @register_env("verifiers")

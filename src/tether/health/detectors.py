@@ -147,7 +147,7 @@ class NonfiniteDetector(Detector):
     """A non-finite loss or gradient (skipped optimizer steps), or NaN/inf in the step's metrics."""
 
     name, mode, needs_baseline = "nonfinite", "numerical_instability", False
-    persist = 1  # reported at once; critical when it happens 3 steps in a row (update.py skips the steps)
+    persist = 1  # reported at once; critical when it happens 3 steps in a row (train/update.py skips the steps)
 
     def evaluate(self, h, ctx):
         now, prev = finite(h.latest("nonfinite_steps")), h.previous("nonfinite_steps")

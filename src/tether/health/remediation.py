@@ -163,7 +163,7 @@ def _raise_kl(st, cfg, ev):
     new = 0.05 if kl.coef == 0 else kl.coef * 3
     changes = []
     if getattr(st, "ref", None) is None:
-        from tether.recipes.common import make_reference
+        from tether.policy.reference import make_reference
 
         st.ref = make_reference(st.policy)  # anchored at the rolled-back (healthy) weights
 
@@ -374,7 +374,7 @@ def _rebuild_change(st: Any, cfg: Any, rec: dict[str, Any]) -> Change:
         return Change(path, old, new, undo_coef)
     if path == "reference":
         if getattr(st, "ref", None) is None:
-            from tether.recipes.common import make_reference
+            from tether.policy.reference import make_reference
 
             st.ref = make_reference(st.policy)
             saved = getattr(st, "pending_ref", None)

@@ -34,10 +34,12 @@ import torch
 from tether.algos.distill import compute_reverse_kl_advantages
 from tether.config import ConfigError, TetherConfig
 from tether.policy.hf import HFPolicy
-from tether.recipes.rl import RLState, make_train_batch, run_rl
+from tether.train.state import RLState
+from tether.train.batch import make_train_batch
+from tether.recipes.rl import run_rl
 from tether.recipes.stage_common import check_same_tokenizer, load_model_dir
 from tether.types import TrajectoryGroup
-from tether.update import compute_batch_logprobs
+from tether.train.update import compute_batch_logprobs
 
 
 def make_distill_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup],

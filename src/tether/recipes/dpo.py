@@ -33,14 +33,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tether.algos.preference import PREFERENCE_LOSSES, PreferenceInputs, compute_sequence_logps, needs_reference
-from tether.batching import SeqRecord, build_sequences, pad_records
+from tether.train.batching import SeqRecord, build_sequences, pad_records
 from tether.config import TetherConfig
 from tether.data import ProblemStream
 from tether.io.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, compute_logprobs
-from tether.recipes.common import graceful_interrupt, progress_bar
+from tether.train.loop import graceful_interrupt, progress_bar
 from tether.recipes.stage_common import load_model_dir, read_jsonl_fields, run_sampling, save_model, start_stage
 from tether.policy.chat import encode_prompt
 from tether.tasks import DataError

@@ -14,7 +14,7 @@ from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import sanitize_json
 from tether.policy.hf import load_policy
 from tether.policy.lora import is_adapter_dir
-from tether.recipes.common import seed_run, setup_problems
+from tether.train.setup import seed_run, setup_problems
 from tether.rollout import make_rollout
 
 

@@ -132,7 +132,7 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
 
     from tether.config import load_config
     from tether.policy.hf import load_policy
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
     from tether.recipes.rl import run_rl
 
     torch.set_num_threads(1)

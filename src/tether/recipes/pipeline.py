@@ -12,7 +12,7 @@ SFT model and of the final policy in `summary.json`.
 `run_context_comparison` reproduces Agent-R1's context-management experiment (arXiv 2511.14460
 v2, "flexible context management": sliding window > append-only > LLM summary on multi-hop QA):
 the same config, seeds and problems are run once per `env.context.builder`; each pipeline's SFT
-demonstrations are cut with that builder too (`tether.envs.training`), so every stage trains
+demonstrations are cut with that builder too (`tether.rollout.demos`), so every stage trains
 on the contexts it will act on. The ordering by final held-out pass@1 is printed whatever it is.
 
 Deliberate simplifications: stages run in one process, one after the other; the comparison

@@ -20,153 +20,33 @@ Deliberate simplifications:
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tether import hardware
-from tether.algos import ADVANTAGES, AdaptiveKLController, AdvantageInputs, compute_advantages, compute_kl_in_reward
-from tether.batching import build_records, pad_records
 from tether.config import TetherConfig, dump_config
-from tether.data import ProblemStream
-from tether.envs.credit import compute_step_fields
 from tether.eval.runner import run_eval
-from tether.groups import apply_reward_shaping, compute_compact_weights
-from tether.health import build_faults, build_health, compute_advantage_alignment
+from tether.health import build_health
 from tether.io.checkpoint import load_checkpoint, save_checkpoint
 from tether.io.killpoints import do_kill_point
 from tether.io.plots import plot_metrics
 from tether.io.resume import do_apply_lr, do_open_run
 from tether.io.run_dir import RunDir
 from tether.io.sinks import MultiSink, build_sinks
-from tether.optim import build_optimizer, build_scheduler
 from tether.phase import marks_phase, phase
-from tether.policy import decode, lean_train
-from tether.policy.hf import HFPolicy, ValueModel, enable_checkpointing, is_checkpointing
+from tether.policy.hf import HFPolicy, enable_checkpointing, is_checkpointing
 from tether.policy.lora import is_adapter_dir
-from tether.recipes.common import (
-    attach_lora, graceful_interrupt, load_resume_policy, make_reference, precision_summary, progress_bar, reset_reference,
-    seed_run, setup_policy, setup_problems,
-)
+from tether.policy.reference import reset_reference
 from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
 from tether.rewards.live import set_policy as set_live_policy
-from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
-from tether.types import TrainBatch, TrajectoryGroup
-from tether.update import UpdateContext, UpdateState, compute_batch_logprobs, run_update
-
-
-def choose_compile_for(cfg: TetherConfig, policy: HFPolicy) -> hardware.CompileChoice:
-    """`train.compile` / `rollout.compile` for this run (tether.hardware.choose_compile), printed."""
-    r = cfg.rollout
-    choice = hardware.choose_compile(
-        cfg.train.compile, r.compile, autocast_bf16=policy.autocast_bf16, device=str(policy.device),
-        params=sum(p.numel() for p in policy.model.parameters()),
-        tokens_per_step=r.n * r.problems_per_step * r.sampling.max_new_tokens, steps=cfg.train.steps,
-        supported=(lean_train.supports(policy.model, policy.device), decode.supports(policy.model)))
-    print(f"[tether] compile: training forward {'on' if choice.train else 'off'}, decode step "
-          f"{'on' if choice.rollout else 'off'} ({choice.reason})", flush=True)
-    return choice
-
-
-class RLState:
-    """Everything the loop mutates; checkpointed as a whole."""
-
-    def __init__(self, cfg: TetherConfig, policy: HFPolicy, train_problems: list[dict[str, Any]]) -> None:
-        a, t = cfg.algo, cfg.train
-        self.policy = policy
-        self.compile = choose_compile_for(cfg, policy)
-        if self.compile.train:  # tether.policy.lean_train, compiled (Llama-family models on a CPU)
-            policy.lean_train = "compile"
-            if not lean_train.supports(policy.model, policy.device):
-                warnings.warn("train.compile=true: only Llama-family models on a CPU have the compiled training "
-                              "forward (tether.policy.lean_train); this run trains through transformers' forward",
-                              stacklevel=2)
-        if self.compile.rollout:  # tether.policy.decode's step, compiled
-            policy.compile_decode = True
-            if not decode.supports(policy.model):
-                warnings.warn("rollout.compile=true: only Llama-family models have the compiled decode step "
-                              "(tether.policy.decode); this run samples through transformers' forward", stacklevel=2)
-        self.stream = ProblemStream(train_problems, cfg.run.seed)
-        self.generator = torch.Generator().manual_seed(cfg.run.seed)
-        params = list(policy.model.parameters())
-        facts = ADVANTAGES.facts(a.advantage.name)
-        self.critic = ValueModel(policy.model).to(policy.device) if facts.needs_critic else None
-        self.optimizer = build_optimizer(params, t.lr, t.weight_decay, t.betas)
-        if self.critic is not None:
-            self.optimizer.add_param_group({"params": list(self.critic.parameters()), "lr": a.value.lr})
-        total = max(1, t.steps * a.epochs * a.mini_batches)
-        self.scheduler = build_scheduler(self.optimizer, total, t.warmup_steps, t.schedule)
-        self.ref = make_reference(policy) if a.kl.coef > 0 and a.kl.reference == "initial" else None
-        self.kl_ctl = AdaptiveKLController(a.kl.coef, a.kl.adaptive_target, a.kl.adaptive_horizon) if a.kl.adaptive_target else None
-        self.update = UpdateState(kl_coef=a.kl.coef)
-        self.step = 0
-        self.faults = build_faults(cfg.health.inject, self, cfg, cfg.run.seed)  # faultbench seams; else identity
-        self.dp = None  # data-parallel trainer group (tether.dist.trainer); None: this process alone
-
-    def extra_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step, "data": self.stream.state_dict(), "generator": self.generator.get_state(),
-            "update": vars(self.update).copy(), "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl else None,
-            "policy_version": self.policy.version,
-            "ref": None if self.ref is None or self.ref.base_only else {k: v.clone() for k, v in self.ref.model.state_dict().items()},
-            "critic": None if self.critic is None else self.critic.state_dict(),
-            "health": self.health.state_dict() if hasattr(self, "health") else None,
-        }
-
-    def load_extra_state(self, extra: dict[str, Any]) -> None:
-        self.step = int(extra["step"])
-        self.stream.load_state_dict(extra["data"])
-        self.generator.set_state(extra["generator"])
-        self.update = UpdateState(**extra["update"])
-        self.policy.version = int(extra["policy_version"])
-        if self.kl_ctl and extra.get("kl_ctl"):
-            self.kl_ctl.load_state_dict(extra["kl_ctl"])
-        if self.ref is not None and extra.get("ref") is not None:
-            self.ref.model.load_state_dict(extra["ref"])
-        self.pending_ref = extra.get("ref") if self.ref is None else None  # a KL anchor a health repair added
-        if self.critic is not None and extra.get("critic") is not None:
-            self.critic.load_state_dict(extra["critic"])
-
-
-def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
-    """Groups -> padded sequences -> advantages (and KL-in-reward, critic values, ReMax baseline)."""
-    a, metrics = cfg.algo, {}
-    groups = apply_reward_shaping(groups, a, cfg.rollout.sampling.max_new_tokens)
-    groups, weights, cm = compute_compact_weights(groups, a.compact_filter)
-    metrics.update(cm)
-    records = build_records(groups, weights, mask_invalid=cfg.reward.on_error == "mask")
-    p = pad_records(records, st.policy.pad_id)
-    temp = cfg.rollout.sampling.temperature
-    token_rewards, values, baseline = p.token_rewards_BT, None, None
-    if st.ref is not None and a.kl.placement == "reward" and st.update.kl_coef > 0:
-        stub = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT,
-                          torch.zeros_like(p.rollout_logp_BT), p.group_B, p.traj_B, kept_BT=p.kept_BT)
-        ref_logp = compute_batch_logprobs(st.ref, stub, temp, cfg.train.micro_batch_tokens)
-        token_rewards, kl_BT = compute_kl_in_reward(token_rewards, p.rollout_logp_BT, ref_logp, p.loss_mask_BT,
-                                                    st.update.kl_coef, a.kl.estimator, a.kl.clamp)
-        metrics["kl_reward"] = float(kl_BT.sum() / p.loss_mask_BT.sum().clamp(min=1))
-    if st.critic is not None:
-        with torch.no_grad():
-            values = st.critic(p.input_ids_BT.to(st.policy.device), p.attention_mask_BT.to(st.policy.device)).float().cpu()
-    if ADVANTAGES.facts(a.advantage.name).needs_greedy_baseline:
-        baseline = compute_greedy_baseline(st.policy, cfg, groups)[p.group_B]
-    adv = compute_advantages(AdvantageInputs(
-        scores_B=p.scores_B, token_rewards_BT=token_rewards, mask_BT=p.loss_mask_BT, group_B=p.group_B,
-        traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline, **compute_step_fields(groups, p)),
-        a.advantage)
-    adv = st.faults.on_advantages(adv, p.group_B)  # seam: credit assignment
-    batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
-                       p.group_B, p.traj_B, adv.returns_BT, values, kept_BT=p.kept_BT)  # kept: the sampling mask
-    batch = st.faults.on_batch(batch)  # seam: the loss's inputs (loss mask, advantages, rollout log-probs)
-    mask = p.loss_mask_BT > 0
-    metrics["advantage/mean"] = float(adv.advantages_BT[mask].mean()) if mask.any() else 0.0
-    metrics["advantage/abs_mean"] = float(adv.advantages_BT[mask].abs().mean()) if mask.any() else 0.0
-    metrics.update(compute_advantage_alignment(adv.advantages_BT, p.scores_B, p.loss_mask_BT, p.group_B))
-    metrics["batch/sequences"], metrics["batch/loss_tokens"] = float(batch.num_seqs), float(batch.num_loss_tokens)
-    metrics["reward/masked_invalid"] = float((~p.valid_B).sum())
-    return batch, metrics
+from tether.rollout import collect_groups, make_rollout
+from tether.train.batch import make_train_batch
+from tether.train.loop import graceful_interrupt, progress_bar
+from tether.train.setup import attach_lora, load_resume_policy, precision_summary, seed_run, setup_policy, setup_problems
+from tether.train.state import RLState
+from tether.train.update import UpdateContext, run_update
+from tether.types import TrajectoryGroup
 
 
 def run_rl_step(st: RLState, cfg: TetherConfig, collect=collect_groups,

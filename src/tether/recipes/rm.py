@@ -24,7 +24,8 @@ import torch
 from tether.config import ConfigError, TetherConfig
 from tether.io.resume import do_open_run
 from tether.io.run_dir import write_summary_json
-from tether.recipes.common import progress_bar, seed_run, setup_problems
+from tether.train.loop import progress_bar
+from tether.train.setup import seed_run, setup_problems
 from tether.rewards.rm import (
     compute_bradley_terry_loss, compute_pair_accuracy, compute_scores, encode_pair_texts, load_reward_model,
     make_pairs_from_groups, read_pairs,

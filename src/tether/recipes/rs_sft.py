@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from tether.batching import SeqRecord, build_sequences
+from tether.train.batching import SeqRecord, build_sequences
 from tether.config import TetherConfig
 from tether.data import ProblemStream
 from tether.recipes.sft import run_sft

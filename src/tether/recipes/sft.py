@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tether.algos import agg_loss, compute_agg_norm
-from tether.batching import SeqRecord, pad_records, split_by_token_budget
+from tether.train.batching import SeqRecord, pad_records, split_by_token_budget
 from tether.config import TetherConfig
 from tether.data import ProblemStream
 from tether.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -29,11 +29,10 @@ from tether.optim import build_optimizer, build_scheduler, compute_all_finite
 from tether.policy.hf import HFPolicy
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.policy.lora import is_lora, save_adapter
-from tether.recipes.common import (
-    attach_lora, graceful_interrupt, precision_summary, progress_bar, seed_run, setup_policy, setup_problems,
-)
+from tether.train.setup import attach_lora, precision_summary, seed_run, setup_policy, setup_problems
+from tether.train.loop import graceful_interrupt, progress_bar
 from tether.rollout import make_rollout
-from tether.update import UpdateState, do_guarded_step
+from tether.train.update import UpdateState, do_guarded_step
 
 
 def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False,

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from tether.batching import SeqRecord
+from tether.train.batching import SeqRecord
 from tether.config import ConfigError, TetherConfig
 from tether.eval.runner import run_eval
 from tether.policy.hf import HFPolicy, load_policy
@@ -23,7 +23,7 @@ def start_stage(cfg: TetherConfig, run_dir: str | Path):
     """A stage recipe's opening: its run directory (config written), seeds, the train problems
     and the starting policy (`model.path`, or a new tiny model). Returns (run dir, train, policy)."""
     from tether.io.run_dir import make_run_dir
-    from tether.recipes.common import seed_run, setup_policy, setup_problems
+    from tether.train.setup import seed_run, setup_policy, setup_problems
 
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
@@ -67,7 +67,7 @@ def mask_error_turns(record: SeqRecord, error_turns: set[int]) -> SeqRecord:
 def evaluate_policy(cfg: TetherConfig, policy: HFPolicy) -> dict[str, float]:
     """Held-out metrics of `policy` (the same call and seed as recipes/rl.py's evaluation) plus
     `eval/answer_tokens`: mean sampled tokens per answer (long2short)."""
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
 
     _, held_out = setup_problems(cfg)
     m, rows = run_eval(policy, held_out, cfg.eval, make_rollout(cfg), cfg.reward, seed=cfg.run.seed + 17)

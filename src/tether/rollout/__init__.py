@@ -8,8 +8,8 @@ the Ray rollout workers, `tether eval`, the planner's pilot, SFT demonstrations,
 the benchmarks — holds a `Rollout` and never branches on the task kind:
 
     problems ─► make_rollout(cfg) ─┬─ SingleTurnRollout (rollout/single.py):  one turn, B_p x n in ONE sampling call
-                                   ├─ EpisodeRollout    (rollout/episodes.py): envs/runner.py, one call per turn
-                                   └─ HarnessRollout    (envs/harness.py):     an agent program (harness.command)
+                                   ├─ EpisodeRollout    (rollout/episodes.py): rollout/runner.py, one call per turn
+                                   └─ HarnessRollout    (rollout/harness.py):     an agent program (harness.command)
                                              │
                                              ▼
                               list[TrajectoryGroup] + metrics   (types.py)
@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from tether.batching import SeqRecord
+from tether.train.batching import SeqRecord
 from tether.config import SamplingConfig
 from tether.rollout.collect import RolloutState, WorkerState, collect_groups, compute_greedy_baseline
 from tether.rollout.stats import compute_rollout_stats
@@ -61,12 +61,12 @@ def make_rollout(cfg: Any) -> Rollout:
     r = cfg.rollout
     h = getattr(cfg, "harness", None)
     if h is not None and h.command:  # a black-box agent program against the rollout endpoint
-        from tether.envs.harness import HarnessRollout
+        from tether.rollout.harness import HarnessRollout
 
         return HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
                               max_error_rate=cfg.env.max_error_rate)
     if cfg.data.task == "verifiers":  # a verifiers Environment runs its own loop against the endpoint
-        from tether.envs.verifiers_env import make_verifiers_rollout
+        from tether.rollout.verifiers import make_verifiers_rollout
 
         if (vf := make_verifiers_rollout(cfg)) is not None:
             return vf

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tether.groups import select_informative_groups
+from tether.train.groups import select_informative_groups
 from tether.rollout.stats import compute_rollout_stats
 from tether.types import TrajectoryGroup
 

@@ -1,7 +1,7 @@
 """Multi-turn environment rollouts behind the `tether.rollout.Rollout` interface.
 
-The episode engine itself is `tether.envs.runner.run_env_rollouts` (every turn of every live
-episode in one sampling call); the expert demonstrations are `tether.envs.training`.
+The episode engine itself is `tether.rollout.runner.run_env_rollouts` (every turn of every live
+episode in one sampling call); the expert demonstrations are `tether.rollout.demos`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tether.batching import SeqRecord
+from tether.train.batching import SeqRecord
 from tether.config import EnvConfig, SamplingConfig
-from tether.envs.runner import run_env_rollouts
-from tether.envs.training import build_env_demo_records
+from tether.rollout.runner import run_env_rollouts
+from tether.rollout.demos import build_env_demo_records
 from tether.policy.hf import HFPolicy, run_generate
 from tether.types import Sample, TrajectoryGroup
 

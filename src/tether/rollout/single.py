@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tether.batching import SeqRecord
+from tether.train.batching import SeqRecord
 from tether.config import RewardConfig, SamplingConfig
 from tether.policy.chat import decode_completion, encode_prompt
 from tether.policy.hf import HFPolicy, run_generate

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tether.batching import build_records, build_sequences, pad_records, split_by_token_budget
+from tether.train.batching import build_records, build_sequences, pad_records, split_by_token_budget
 from tether.types import Outcome, RewardResult, StopReason, Trajectory, TrajectoryGroup, Turn
 
 PAD = EOS = 0  # pad == eos on purpose

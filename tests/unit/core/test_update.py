@@ -9,7 +9,7 @@ from tether.config import AlgoConfig, TinyModelConfig, TrainConfig
 from tether.policy.hf import make_policy
 from tether.policy.tiny import build_tiny_model, build_tokenizer
 from tether.types import TrainBatch
-from tether.update import TrainingHalted, UpdateContext, UpdateState, run_update
+from tether.train.update import TrainingHalted, UpdateContext, UpdateState, run_update
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from test_update import base_policy  # noqa: F401  (the same tiny policy fixture
 
 from tether.config import AlgoConfig, TrainConfig
 from tether.types import TrainBatch
-from tether.update import UpdateContext, run_update
+from tether.train.update import UpdateContext, run_update
 
 
 def grouped_batch(vocab, seed=0):

@@ -11,7 +11,7 @@ from tether.algos import POLICY_LOSSES
 from tether.algos.base import PolicyLossInputs
 from tether.config import AlgoConfig, PolicyLossConfig, TrainConfig
 from tether.types import TrainBatch
-from tether.update import UpdateContext, UpdateState, can_skip_inert, run_update
+from tether.train.update import UpdateContext, UpdateState, can_skip_inert, run_update
 
 
 def with_inert_groups(batch: TrainBatch, groups) -> TrainBatch:

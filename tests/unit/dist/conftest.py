@@ -20,7 +20,7 @@ def tiny_overrides():
 def tiny(tmp_path_factory):
     """(cfg, train problems, policy) for the reverse task."""
     from tether.config import load_config
-    from tether.recipes.common import seed_everything, setup_policy, setup_problems
+    from tether.train.setup import seed_everything, setup_policy, setup_problems
 
     cfg = load_config(None, TINY)
     seed_everything(0)

@@ -44,7 +44,7 @@ def _policy(bundle, shard: bool, extra=()):
 
 
 def _update(cfg, policy, opt, batch, dp=None):
-    from tether.update import UpdateContext, run_update
+    from tether.train.update import UpdateContext, run_update
 
     gen = torch.Generator().manual_seed(0) if dp is None or dp.rank == 0 else torch.Generator()
     return run_update(UpdateContext(policy, opt, cfg.algo, cfg.train, generator=gen, max_len=8, dp=dp), batch)

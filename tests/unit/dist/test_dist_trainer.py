@@ -35,7 +35,7 @@ def _setup(bundle, overrides=()):
 
 
 def _update(bundle, batch, dp=None, overrides=()):
-    from tether.update import UpdateContext, run_update
+    from tether.train.update import UpdateContext, run_update
 
     cfg, policy, opt = _setup(bundle, overrides)
     gen = torch.Generator().manual_seed(0) if dp is None or dp.rank == 0 else torch.Generator()

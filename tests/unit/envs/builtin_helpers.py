@@ -7,7 +7,7 @@ from env_stubs import encode_action
 
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import run_expert_episode
-from tether.envs.runner import run_env_rollouts
+from tether.rollout.runner import run_env_rollouts
 
 
 def expert_actions(problems, noise: float = 0.0, rng=None) -> dict[str, list[str]]:

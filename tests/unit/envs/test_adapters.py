@@ -200,7 +200,7 @@ def test_verifiers_env_trains_end_to_end(model_dir, tmp_path):
 
 
 def test_tiny_tokenizer_corpus_of_an_environment_without_expert():
-    from tether.recipes.common import setup_problems, tokenizer_corpus
+    from tether.train.setup import setup_problems, tokenizer_corpus
 
     cfg = load_config(None, ["data.task=verifiers", 'data.task_kwargs={"env": "vf_env_stub"}', "data.train_size=4",
                              "data.eval_size=2"])

@@ -8,12 +8,12 @@ from collections import Counter
 import pytest
 from env_stubs import encode_action
 
-from tether.batching import build_sequences
+from tether.train.batching import build_sequences
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import run_expert_episode
 from tether.envs.builtin.calc import calc_expert, calculator, parse_answer
-from tether.envs.runner import run_env_rollouts
-from tether.envs.training import build_env_demo_records
+from tether.rollout.runner import run_env_rollouts
+from tether.rollout.demos import build_env_demo_records
 from tether.policy.chat import Message
 from tether.tasks import make_problems, make_splits
 

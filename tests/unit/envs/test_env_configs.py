@@ -11,7 +11,7 @@ from tether.config import load_config
 from tether.envs import sandbox
 from tether.envs.sandbox_backends import ENV_VAR
 from tether.rollout import is_episode_task
-from tether.recipes.common import setup_problems
+from tether.train.setup import setup_problems
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ENV_CONFIGS = ["household.yaml", "shop.yaml", "qa.yaml", "codefix.yaml", "calc.yaml", "multitask.yaml"]

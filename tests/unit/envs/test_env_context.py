@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from env_stubs import ToolEnv, encode_action, tool_task
 
-from tether.batching import build_sequences
+from tether.train.batching import build_sequences
 from tether.config import ContextConfig, EnvConfig, SamplingConfig
 from tether.envs.context import SUMMARY_PREFIX, SUMMARY_REQUEST, select_context_messages, summarize_tool_results
-from tether.envs.runner import run_env_rollouts
+from tether.rollout.runner import run_env_rollouts
 from tether.policy.chat import Message, render_chat
 
 CALLS = [f'<tool_call>{{"name": "sentinel_tool", "arguments": {{"word": "w{k}"}}}}</tool_call>' for k in range(3)]

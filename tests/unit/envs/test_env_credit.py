@@ -10,10 +10,10 @@ import torch
 from env_stubs import encode_action, tool_task
 
 from tether.algos import ADVANTAGES, AdvantageInputs, compute_advantages, compute_gamma_decayed_rewards
-from tether.batching import build_records, pad_records
+from tether.train.batching import build_records, pad_records
 from tether.config import AdvantageConfig, EnvConfig, SamplingConfig
-from tether.envs.credit import compute_step_fields
-from tether.envs.runner import run_env_rollouts
+from tether.train.credit import compute_step_fields
+from tether.rollout.runner import run_env_rollouts
 
 M = [0, 1, 1, 0, 1, 1, 0, 0]  # ctx, turn-0 action x2, observation, turn-1 action x2, padding
 STEP = [-1, 0, 0, -1, 1, 1, -1, -1]

@@ -12,7 +12,7 @@ from env_stubs import encode_action
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import ENVS, Action, EnvSpec, Observation, StepResult, parse_tool_calls, register_env, run_tool_calls
 from tether.envs.mcp import MCPToolServer
-from tether.envs.runner import run_env_rollouts
+from tether.rollout.runner import run_env_rollouts
 from tether.envs.tools import compute_tool_info, compute_tool_messages
 from tether.policy.chat import Message, render_chat
 from tether.types import Outcome

@@ -14,8 +14,8 @@ pytest.importorskip("mcp")
 from tether.config import EnvConfig, SamplingConfig, load_config  # noqa: E402
 from tether.envs import make_env, parse_tool_calls  # noqa: E402
 from tether.envs.base import Action  # noqa: E402
-from tether.envs.runner import run_env_rollouts  # noqa: E402
-from tether.recipes.common import setup_problems  # noqa: E402
+from tether.rollout.runner import run_env_rollouts  # noqa: E402
+from tether.train.setup import setup_problems  # noqa: E402
 
 STUB = str(Path(__file__).with_name("mcp_server_stub.py"))
 PROBLEMS = [{"prompt": f"What is {a} plus {b}?", "answer": str(a + b)} for a in range(2, 8) for b in range(3, 9)]

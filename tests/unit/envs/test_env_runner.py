@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from env_stubs import encode_action, tool_task
 
-from tether.batching import build_records, pad_records
+from tether.train.batching import build_records, pad_records
 from tether.config import EnvConfig, SamplingConfig
-from tether.envs.runner import EnvFailure, compute_turn_rewards, run_env_rollouts
-from tether.groups import compute_compact_weights
+from tether.rollout.runner import EnvFailure, compute_turn_rewards, run_env_rollouts
+from tether.train.groups import compute_compact_weights
 from tether.types import Outcome
 
 SAMPLING = SamplingConfig(max_new_tokens=64)

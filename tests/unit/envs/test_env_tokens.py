@@ -8,9 +8,9 @@ import torch
 from env_stubs import SENTINEL_TEXT, encode_action, tool_task
 
 from tether.algos import agg_loss, compute_agg_norm
-from tether.batching import build_records, build_sequences, pad_records
+from tether.train.batching import build_records, build_sequences, pad_records
 from tether.config import EnvConfig, SamplingConfig
-from tether.envs.runner import run_env_rollouts
+from tether.rollout.runner import run_env_rollouts
 from tether.policy.chat import (
     Message,
     TokenizationDrift,

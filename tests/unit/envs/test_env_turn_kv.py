@@ -8,7 +8,7 @@ import torch
 
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import ENVS, Action, EnvSpec, Message, Observation, StepResult, register_env
-from tether.envs.runner import run_env_rollouts
+from tether.rollout.runner import run_env_rollouts
 
 
 class ChattyEnv:

@@ -8,10 +8,10 @@ import random
 import pytest
 from builtin_helpers import expert_actions, run_expert_rollouts
 
-from tether.batching import build_sequences
+from tether.train.batching import build_sequences
 from tether.config import ContextConfig, EnvConfig
 from tether.envs import run_expert_episode
-from tether.envs.training import build_env_demo_records
+from tether.rollout.demos import build_env_demo_records
 from tether.tasks import make_problems
 
 

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible rollout endpoint (tether.serve) through the official `openai` client,
-and the black-box agent harness (tether.envs.harness) that trains on what it sampled."""
+"""The OpenAI-compatible rollout endpoint (tether.serve.endpoint) through the official `openai` client,
+and the black-box agent harness (tether.rollout.harness) that trains on what it sampled."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import torch
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from tether.batching import build_sequences  # noqa: E402
+from tether.train.batching import build_sequences  # noqa: E402
 from tether.config import RewardConfig, SamplingConfig  # noqa: E402
-from tether.envs.harness import HarnessRollout, parse_agent_output  # noqa: E402
+from tether.rollout.harness import HarnessRollout, parse_agent_output  # noqa: E402
 from tether.policy.families import build_family_model  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
-from tether.serve import RolloutServer  # noqa: E402
+from tether.serve.endpoint import RolloutServer  # noqa: E402
 from tether.types import Outcome  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate arithmetic",
@@ -180,7 +180,7 @@ def test_the_shipped_agent_plays_one_episode(server, policy):
     """configs/agents/complete_agent.py (the harness benchmark's agent) against the endpoint."""
     from pathlib import Path
 
-    from tether.envs.harness import run_agent
+    from tether.rollout.harness import run_agent
     from tether.policy.chat import decode_completion
 
     agent = Path(__file__).resolve().parents[3] / "configs" / "agents" / "complete_agent.py"
@@ -235,7 +235,7 @@ def test_a_harness_that_always_fails_stops_the_run_naming_the_cause(tmp_path):
 def test_tool_call_round_trip_keeps_the_sampled_ids(policy, monkeypatch):
     """The model calls a tool: the response carries OpenAI tool_calls; the agent sends them back
     with the tool's result, and the next context holds the sampled ids verbatim (no mismatch)."""
-    import tether.serve
+    import tether.serve.endpoint
     from tether.types import Sample, StopReason
 
     tok = policy.tokenizer
@@ -248,7 +248,7 @@ def test_tool_call_round_trip_keeps_the_sampled_ids(policy, monkeypatch):
         ids = next(script)
         return [Sample(tuple(p), tuple(ids), tuple(-0.25 for _ in ids), StopReason.EOS, pol.version) for p in prompts]
 
-    monkeypatch.setattr(tether.serve, "run_generate", scripted)
+    monkeypatch.setattr(tether.serve.endpoint, "run_generate", scripted)
     with RolloutServer(policy, SAMPLING) as s:
         client = openai.OpenAI(base_url=s.episode_url("tools"), api_key=s.api_key)
         msgs = [{"role": "user", "content": "What is 2+3?"}]

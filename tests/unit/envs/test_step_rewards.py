@@ -10,7 +10,7 @@ from tether.algos import ADVANTAGES, AdvantageInputs
 from tether.config import AdvantageConfig
 from tether.envs.base import Action
 from tether.envs.builtin.household import CLOSED, HouseholdEnv, household_expert, make_household_task
-from tether.envs.runner import compute_turn_rewards
+from tether.rollout.runner import compute_turn_rewards
 
 
 def _run_expert(task):

@@ -21,13 +21,13 @@ except AttributeError:
                 allow_module_level=True)
 pytest.importorskip("fastapi")
 
-from tether.batching import build_sequences  # noqa: E402
+from tether.train.batching import build_sequences  # noqa: E402
 from tether.config import load_config  # noqa: E402
-from tether.envs.harness import HarnessRollout  # noqa: E402
+from tether.rollout.harness import HarnessRollout  # noqa: E402
 from tether.policy.chat import decode_completion  # noqa: E402
 from tether.policy.families import build_family_model  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
-from tether.recipes.common import setup_problems  # noqa: E402
+from tether.train.setup import setup_problems  # noqa: E402
 from tether.rollout import make_rollout  # noqa: E402
 
 import vf_real_env  # noqa: E402  (tests/unit/envs, on sys.path as for vf_env_stub)
@@ -72,7 +72,7 @@ def test_a_real_tool_env_calls_its_tool_and_the_context_keeps_the_sampled_ids(mo
     """vf.ToolEnv: the (scripted) model calls the calculator in Qwen's markup; the endpoint hands
     verifiers OpenAI tool_calls, verifiers runs its tool and sends the result back, and the next
     context is the sampled ids verbatim plus the family's <tool_response> block."""
-    import tether.serve
+    import tether.serve.endpoint
     from tether.types import Sample, StopReason
 
     cfg = _config(model_dir, "tool")
@@ -91,7 +91,7 @@ def test_a_real_tool_env_calls_its_tool_and_the_context_keeps_the_sampled_ids(mo
         ids = next(script)
         return [Sample(tuple(p), tuple(ids), tuple(-0.5 for _ in ids), StopReason.EOS, pol.version) for p in prompts]
 
-    monkeypatch.setattr(tether.serve, "run_generate", scripted)
+    monkeypatch.setattr(tether.serve.endpoint, "run_generate", scripted)
     (group,), m = make_rollout(cfg).run(policy, [task], 1, cfg.rollout.sampling)
     (traj,) = group.trajectories
     assert m["harness/error_rate"] == 0.0 and m["harness/template_mismatches"] == 0

@@ -14,7 +14,7 @@ from tether.health.monitor import HealthMonitor, NullMonitor, build_context, bui
 from tether.health.remediation import ACTIONS, do_rollback, take_snapshot
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy
-from tether.update import UpdateState
+from tether.train.update import UpdateState
 from health_helpers import healthy_row
 
 

@@ -155,7 +155,7 @@ def test_config_key_decides_over_the_environment_and_auto_gives_it_back(gemm_bac
     # auto hands the choice back to the variable (and the machine)
     from tether.config import load_config
     from tether.hardware import precision_record
-    from tether.recipes.common import setup_problems
+    from tether.train.setup import setup_problems
 
     gemm_backend("onednn" if torch.backends.mkldnn.is_available() else "torch")
     cpu_gemm.configure("torch")

@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from tether.batching import build_sequences
+from tether.train.batching import build_sequences
 from tether.config import EnvConfig, SamplingConfig, load_config
 import tether.envs  # noqa: F401  (registers the built-in environments)
 from tether.envs.base import compute_corpus_text
-from tether.envs.runner import run_env_rollouts
+from tether.rollout.runner import run_env_rollouts
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.policy import lean_train
 from tether.policy.chat import is_prefix_preserving, render_chat

@@ -140,7 +140,7 @@ def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy,
     from tether.config import load_config
     from tether.policy.hf import is_checkpointing
     from tether.policy.prefix import compute_sequence_logprobs
-    from tether.recipes.common import setup_policy, setup_problems
+    from tether.train.setup import setup_policy, setup_problems
 
     ids, mask, group = _groups(len(policy.tokenizer))
     out = []

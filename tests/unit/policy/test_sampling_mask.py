@@ -5,14 +5,14 @@ same truncation, so the rollout/trainer log-prob gap with a filter equals the ga
 import pytest
 import torch
 
-from tether.batching import build_sequences, pad_records
+from tether.train.batching import build_sequences, pad_records
 from tether.config import SamplingConfig, load_config
 from tether.policy.hf import apply_sampling_mask, make_policy, run_generate
 from tether.policy.sampling import _filter_logits
 from tether.policy.tiny import build_tiny_model, build_tokenizer
 from tether.tasks import make_problems
 from tether.types import RewardResult, StopReason, TrainBatch, Trajectory, Turn
-from tether.update import compute_batch_logprobs
+from tether.train.update import compute_batch_logprobs
 
 PROBLEMS = make_problems("reverse", 12, seed=3)
 

@@ -5,12 +5,12 @@ import copy
 
 import torch
 
-from tether.update import UpdateState
+from tether.train.update import UpdateState
 
 from tiny_policy_helpers import make_tiny_policy
 
 import tether.recipes.sft as sft
-from tether.batching import SeqRecord
+from tether.train.batching import SeqRecord
 from tether.config import load_config
 
 

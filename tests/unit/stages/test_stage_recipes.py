@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tether.batching import build_sequences
+from tether.train.batching import build_sequences
 from tether.cli import app
 from tether.config import ConfigError, TetherConfig, load_config
 from tether.recipes.dpo import _accepted_vs_failed, _short_vs_long, load_pair_rows
@@ -45,7 +45,7 @@ def test_error_turn_is_masked_and_the_others_kept():
 
 
 def test_failed_tool_call_counts_as_an_error_turn():
-    class Tr:  # an environment transition whose tool call failed (envs.runner: res.info)
+    class Tr:  # an environment transition whose tool call failed (rollout.runner: res.info)
         info = {"tool_errors": 1}
 
     traj = Trajectory("e", (Turn((1,), (2,), (0.0,)), Turn((1, 2), (3,), (0.0,))), RewardResult(1.0, correct=True),

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tether.cli import app
 from tether.config import load_config
-from tether.recipes.common import setup_problems
+from tether.train.setup import setup_problems
 from tether.tasks import DataError
 from tether.tasks.hf import iter_problems, make_problem, split_held_out
 

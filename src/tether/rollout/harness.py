@@ -1,5 +1,5 @@
 """A black-box agent harness: a user's agent program (any language) plays each problem against
-tether's OpenAI-compatible endpoint (`tether.serve`), and its final answer is scored.
+tether's OpenAI-compatible endpoint (`tether.serve.endpoint`), and its final answer is scored.
 
     harness.command=["python", "my_agent.py"]       # with any data.task (built-in, jsonl, hf)
 
@@ -14,7 +14,7 @@ It talks to the endpoint with any OpenAI client, as many calls as it likes, and 
 as the LAST line of stdout: `{"reward": 0.7}` (its own score), `{"answer": "42"}`, or a plain line
 that is the answer. An answer is scored by the run's reward (`reward.components`) against the
 problem. The trajectory is the episode's completions as tether sampled them (token ids and
-log-probs; `tether.serve`), so the agent never needs to return tokens. A program that exits
+log-probs; `tether.serve.endpoint`), so the agent never needs to return tokens. A program that exits
 non-zero, prints nothing, makes no call or runs past `harness.timeout_s` is an error outcome:
 counted and masked out of the update (DESIGN.md rule 9).
 """
@@ -129,7 +129,7 @@ class HarnessRollout:
     def run(self, policy: Any, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] | None = None) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        from tether.serve import RolloutServer
+        from tether.serve.endpoint import RolloutServer
 
         t0 = time.perf_counter()
         seed = self.seed if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
@@ -166,7 +166,7 @@ class HarnessRollout:
         if correct:
             metrics["harness/success_rate"] = sum(bool(c) for c in correct) / len(correct)
         if failed and metrics["harness/error_rate"] > self.max_error_rate:  # systematic: stop, name the cause (rule 9)
-            from tether.envs.runner import EnvFailure
+            from tether.rollout.runner import EnvFailure
 
             raise EnvFailure(f"harness: {metrics['harness/error_rate']:.0%} of the agent runs failed (env.max_error_rate="
                              f"{self.max_error_rate:g}); first: {failed[0].error}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping, Sequence
 
-from tether.batching import SeqRecord, build_sequences
+from tether.train.batching import SeqRecord, build_sequences
 from tether.config import ContextConfig
 from tether.envs.base import run_expert_episode
 from tether.envs.context import compute_dropped_messages, load_summarizer, select_context_messages, summarize_tool_results

@@ -1,16 +1,12 @@
-"""Set-up shared by the recipes: seeding, problems, the policy, the reference model, progress."""
+"""Set-up of a run: seeding, the problems, the policy (`model.path` or a tiny local model), LoRA,
+the policy a checkpoint resumes, and summary.json's precision record."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 import random
-import signal
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -158,84 +154,3 @@ def load_resume_policy(cfg: TetherConfig, ckpt: Path) -> HFPolicy:
 def precision_summary(cfg: TetherConfig, policy: HFPolicy) -> dict[str, Any]:
     """summary.json's `precision`: the setting, the precision used and why, the CPU model and flags."""
     return precision_record(cfg.model.autocast_bf16, cfg.model.device, policy.autocast_bf16)
-
-
-def make_reference(policy: HFPolicy) -> HFPolicy:
-    """A frozen copy of the policy's current weights (KL reference). For a LoRA policy, the same
-    model scored with its adapters off (`base_only`): the base weights are shared, never copied."""
-    if is_lora(policy.model):
-        return dataclasses.replace(policy, base_only=True)
-    model = copy.deepcopy(policy.model)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return HFPolicy(model, policy.tokenizer, policy.stop_ids, policy.pad_id, policy.device, policy.autocast_bf16, policy.version)
-
-
-def reset_reference(ref: HFPolicy, policy: HFPolicy) -> None:
-    """ProRL (arXiv 2505.24864 §2.2): hard-reset the reference to the current policy."""
-    ref.model.load_state_dict(policy.model.state_dict())
-    ref.version = policy.version
-
-
-class StopRequested:
-    """Set by Ctrl-C (SIGINT) / SIGTERM: the loop finishes the step, checkpoints and exits."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __bool__(self) -> bool:
-        return self.requested
-
-
-@contextmanager
-def graceful_interrupt() -> Iterator[StopRequested]:
-    flag = StopRequested()
-    previous = {}
-
-    def handler(signum, frame):  # second Ctrl-C aborts immediately
-        if flag.requested:
-            raise KeyboardInterrupt
-        flag.requested = True
-        print("\n[tether] stop requested: finishing this step, saving a checkpoint (Ctrl-C again to abort)", flush=True)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread
-            pass
-    try:
-        yield flag
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-
-
-@contextmanager
-def progress_bar(total: int, description: str, enabled: bool = True, start: int = 0):
-    """A rich progress bar; `update(step, **fields)` advances it and shows reward/step time."""
-    if not enabled:
-        yield lambda *a, **k: None
-        return
-    if not sys.stdout.isatty():  # CI logs, pipes: a plain line every ~5% of the work
-        every = max(1, total // 20)
-
-        def plain(step: int, **fields: float) -> None:
-            if step % every == 0 or step == total:
-                info = "  ".join(f"{k}={v:.3g}" for k, v in fields.items())
-                print(f"[{description}] {step}/{total}  {info}", flush=True)
-
-        yield plain
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
-    with Progress(*cols, transient=False) as prog:
-        task = prog.add_task(description, total=total, completed=start, info="")
-
-        def update(step: int, **fields: float) -> None:
-            info = "  ".join(f"{k}={v:.3g}" for k, v in fields.items())
-            prog.update(task, completed=step, info=info)
-
-        yield update

@@ -31,7 +31,7 @@ from tether.algos import (
     compute_off_policy_mask,
     compute_value_loss,
 )
-from tether.batching import split_by_token_budget
+from tether.train.batching import split_by_token_budget
 from tether.config import AlgoConfig, TrainConfig
 from tether.optim import compute_all_finite
 from tether.phase import marks_phase

@@ -12,7 +12,7 @@
   baselines).
 
 How env rewards reach the token rewards (broadcast vs step) is decided by the rollout
-(`tether.envs.runner.compute_turn_rewards`, config `env.credit`).
+(`tether.rollout.runner.compute_turn_rewards`, config `env.credit`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from tether.batching import PaddedRecords
+from tether.train.batching import PaddedRecords
 from tether.types import Turn, TrajectoryGroup
 
 

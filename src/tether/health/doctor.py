@@ -55,11 +55,33 @@ def _contexts(cfg: Any, run: Path | None) -> dict[int, RunContext]:
     return out
 
 
-def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None) -> tuple[list[Finding], list[Any]]:
-    """Findings of every step and the final diagnosis, re-computed from metrics rows."""
+class _Records:
+    """A run directory stand-in that keeps the records the monitor writes (`append_health`)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def append_health(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+
+def replay_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The findings, diagnoses and decisions the monitor writes to health.jsonl, re-computed by
+    the current detectors and diagnosis from the run's metrics.jsonl: the same records an
+    advise-mode run would have written with this code (auto mode's actions change the run
+    itself, so they cannot be replayed). faultbench re-scores its advise runs with it."""
+    run = Path(run_dir)
+    sink = _Records()
+    replay(_load_rows(run), _load_config(run), run, sink)
+    return sink.records
+
+
+def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None, sink: Any = None) -> tuple[list[Finding], list[Any]]:
+    """Findings of every step and the final diagnosis, re-computed from metrics rows (`sink`:
+    receives the monitor's health.jsonl records)."""
     from tether.health.monitor import HealthMonitor
 
-    mon = HealthMonitor(cfg, rd=None, watchdog=False)
+    mon = HealthMonitor(cfg, rd=sink, watchdog=False)
     contexts = _contexts(cfg, run)
     rollbacks = {int(e["step"]): int(e["discarded_from"]) for e in (_events(run) if run is not None else [])
                  if e.get("kind") == "action" and e.get("discarded_from") is not None}

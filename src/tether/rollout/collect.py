@@ -46,7 +46,7 @@ class WorkerState:
 def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], dict[str, float]]:
     """Rollouts for B_p problems; with dynamic sampling (DAPO, arXiv 2503.14476 §3.2), redraw
     until B_p informative groups or `max_gen_batches` extra rounds."""
-    from tether.health.telemetry import compute_weights_fingerprint
+    from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
     from tether.rollout import make_rollout
 
     r, ds = cfg.rollout, cfg.algo.dynamic_sampling
@@ -61,6 +61,7 @@ def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], d
         # the weights that sampled, and their version (health: stale sync); after the rollout, so an
         # in-flight update adopted mid-generation (dist.inflight) is the version fingerprinted
         m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))
+        m["rollout/buffers_fp"] = compute_buffers_fingerprint(getattr(st.policy, "model", None))  # non-parameter state
         m["rollout/weights_fp_version"] = float(getattr(st.policy, "version", float("nan")))
         groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
         if i == 0:

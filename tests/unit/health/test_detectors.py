@@ -44,10 +44,13 @@ CASES = {
 
 SANITY = {"logp_floor", "update_size", "advantage_invariants", "group_structure", "reward_linkage", "accuracy_drop",
           "loss_mask"}  # absolute checks: from step 1, tested in test_sanity.py
+PROGRESS = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates",
+            "answer_leak"}  # progress and invariant checks: tested in test_progress.py
 
 
 def test_every_detector_has_a_case_and_a_docstring():
-    assert set(CASES) | SANITY == set(DETECTORS) and not set(CASES) & SANITY
+    assert set(CASES) | SANITY | PROGRESS == set(DETECTORS)
+    assert not set(CASES) & SANITY and not (set(CASES) | SANITY) & PROGRESS
     for cls in DETECTORS.values():
         assert cls.__doc__ and cls.mode
 

@@ -2,7 +2,9 @@
 
 A cause's `fingerprint` maps detector signatures (a detector, or `detector:rule`) to a weight:
 a positive weight is a signal the cause predicts will move (how strongly its firing argues for
-the cause), a negative one a signal that argues against it. Every signal a cause does not list
+the cause), a negative one a signal that argues against it. A weight of `HALLMARK` (2) or more
+marks a signal the cause produces first and by itself; a cause is named only when one of its
+hallmarks fired (a side effect alone - a drifting norm under a too-high LR - names nothing). Every signal a cause does not list
 with a positive weight it predicts stays quiet; the signals in `quiet` are the ones whose
 movement rules the cause out (a mechanism that cannot produce them). `regression` and
 `accuracy_drop` are outcomes (`DOWNSTREAM`): any fault can cost accuracy, so they are neither
@@ -19,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DOWNSTREAM = frozenset({"regression", "accuracy_drop"})
+HALLMARK = 2.0
 # signals only a broken update/trainer forward/loss makes move: an update-size, reward or data
 # cause predicts none of them
 _UPDATE_INTERNALS = ("forward_mismatch", "loss_norm", "kl_probe", "progress:frozen", "progress:against", "loss_mask")
@@ -37,12 +40,15 @@ class Cause:
     def predicts(self, key: str) -> bool:
         return self.fingerprint.get(key, 0.0) > 0
 
+    def hallmark(self, key: str) -> bool:
+        return self.fingerprint.get(key, 0.0) >= HALLMARK
+
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
           {"grad_spike": 3, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
-           "progress:fast": 4},
+           "progress:fast": 4, "param_drift": 0.5},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
           "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor",
           quiet=_UPDATE_INTERNALS + ("progress:stalled", "logp_floor", "logp_gap", "stale_weights", "sampler_state")),
@@ -80,7 +86,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "stop RL against it (DeepSeek-R1 caps RM-based RL), retrain the RM on the policy's recent samples, "
           "or mix in a verifiable reward; down-weight the component"),
     Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
-          {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
+          {"reward_noise": 2, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
            "reward_linkage": -5, "proxy_reward": -3}, (),
           "check the verifier / judge on labelled samples; increase n or use a stricter verifier",
           quiet=_UPDATE_INTERNALS + ("reward_linkage:routed",)),
@@ -110,16 +116,18 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "compute the aggregation's denominators once per mini-batch over its whole loss mask (tether.algos.agg_loss)"),
     Cause("data_corruption", "data", "corrupted data (wrong labels, damaged prompts)",
           # a regression that no optimisation, reward or credit signal explains points at the data
-          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 1.5, "accuracy_drop": 1, "no_signal": 0.3},
+          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 2, "accuracy_drop": 1, "no_signal": 0.3},
           ("halt",), "inspect samples/step_*.jsonl.gz: prompts and gold answers",
           quiet=_UPDATE_INTERNALS + ("progress:stalled", "answer_leak")),
     Cause("answer_leakage", "data", "the prompts carry their gold answers", {"answer_leak": 6}, ("halt",),
           "the prompt template must not include the target field; check the data preparation's columns"),
     Cause("data_repetition", "data", "the data loader repeats the same problems",
-          {"data_shift:repeat": 4}, ("halt",), "check the loader's epoch/shuffle state"),
+          # the repeated problems can also meet themselves among the fresh ones of a step
+          {"data_shift:repeat": 4, "group_structure:duplicate": 0.5}, ("halt",), "check the loader's epoch/shuffle state"),
     Cause("duplicate_problems", "data", "the loader hands out the same problem several times in one step",
-          {"group_structure:duplicate": 5, "data_shift:repeat": 0.5}, ("halt",),
-          "check the sampler / sharding: each rank must read a distinct shard of every batch"),
+          # copies within a step of problems that are fresh every step: no repeats across steps
+          {"group_structure:duplicate": 5}, ("halt",),
+          "check the sampler / sharding: each rank must read a distinct shard of every batch", quiet=("data_shift:repeat",)),
     Cause("stale_weights", "system", "rollout engine runs stale weights (weight sync not delivered)",
           {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
           ("halt",),
@@ -146,4 +154,4 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
 )}
 
 
-__all__ = ["CAUSES", "Cause", "DOWNSTREAM"]
+__all__ = ["CAUSES", "Cause", "DOWNSTREAM", "HALLMARK"]

@@ -15,8 +15,8 @@ out (`quiet`), and - implicitly - every other signal stays quiet under it. For a
   coefficients (`CALIBRATION`) were fitted on the tuned half of the fault benchmark
   (benchmarks/faultbench_calibrate.py; the reliability table: docs/health/README.md).
 
-The top cause is named only when it explains at least `FIT_MIN` (0.6) of the evidence, nothing it
-rules out fired, and its confidence is at least `NAME_MIN`. Otherwise the first hypothesis is
+The top cause is named only when one of its hallmarks fired, it explains at least `FIT_MIN` (0.6)
+of the evidence, nothing it rules out fired, and its confidence is at least `NAME_MIN`. Otherwise the first hypothesis is
 `unexplained` - "unexplained anomaly", with the evidence, the signals that moved and, for the
 nearest causes, what each leaves unexplained or contradicts - and never the nearest label; auto
 mode does not repair on it (it holds, and halts at the last healthy weights once accuracy
@@ -160,6 +160,8 @@ def _score(cause: Cause, ev: _Evidence) -> tuple[float, float, tuple[str, ...], 
             records.setdefault(f.detector, {"detector": f.detector, "since": ev.first_since[key], "severity": f.severity,
                                             "message": f.message})
     explained = [d for d, ks in ev.keys_of.items() if d in ev.units and any(cause.predicts(k) for k in ks)]
+    if not any(cause.hallmark(k) for k in ev.latest):  # side effects alone name nothing
+        explained = []
     against = tuple(sorted(d for d, ks in ev.keys_of.items() if any(k in cause.quiet for k in ks)))
     score -= CONTRADICTION * sum(ev.units.get(d, max(ev.strength[k] for k in ev.keys_of[d])) for d in against)
     total = sum(ev.units.values())

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from tether.health.detectors import Finding, RunContext
-from tether.health.diagnosis import diagnose
+from tether.health.diagnosis import UNEXPLAINED, diagnose
 
 
 def _load_rows(run: Path) -> list[dict[str, Any]]:
@@ -151,10 +151,15 @@ def format_report(rep: dict[str, Any]) -> str:
     lines = [f"run: {rep['run_dir']}  (steps {rep['first_step']}..{rep['last_step']})"]
     if rep["healthy"]:
         lines.append(f"status: HEALTHY - no detector fired in {rep['steps']} steps")
+    elif rep["cause"] == UNEXPLAINED:
+        top = rep["hypotheses"][0]
+        lines.append(f"status: UNHEALTHY since step {rep['since']} - UNEXPLAINED ANOMALY: no cause in the taxonomy "
+                     "explains the evidence (no automatic repair is attempted)")
+        lines.append(f"  signals that moved: {', '.join(top.get('moved', [])) or '-'}")
     else:
         top = rep["hypotheses"][0] if rep["hypotheses"] else {}
         lines.append(f"status: UNHEALTHY since step {rep['since']} - family: {rep['family']} - likely cause: "
-                     f"{top.get('title', '?')} ({100 * top.get('confidence', 0):.0f}%)")
+                     f"{top.get('title', '?')} ({100 * top.get('confidence', 0):.0f}% confidence, calibrated)")
         lines.append("")
         lines.append("findings:")
         for d in rep["findings"]:
@@ -162,9 +167,13 @@ def format_report(rep: dict[str, Any]) -> str:
             lines.append(f"  steps {span:9s} {d['detector']:22s} [{d['severity']}] since {d['since']}: {d['message']}  ({d['doc']})")
         lines.append("")
         lines.append("hypotheses:")
-        for i, h in enumerate(rep["hypotheses"][:3], 1):
+        for i, h in enumerate(rep["hypotheses"][:4], 1):
             ev = ", ".join(f"{e['detector']} since {e['since']}" for e in h["evidence"])
-            lines.append(f"  {i}. {h['cause']} ({h['family']}, {100 * h['confidence']:.0f}%): {h['title']}; evidence: {ev}")
+            fit = "" if h["cause"] == UNEXPLAINED else (
+                f"; explains {100 * h.get('fit', 0):.0f}% of the evidence" + (f", not {', '.join(h['unexplained'])}"
+                                                                                 if h.get("unexplained") else "")
+                + (f"; ruled out by {', '.join(h['contradicted'])}" if h.get("contradicted") else ""))
+            lines.append(f"  {i}. {h['cause']} ({h['family']}, {100 * h['confidence']:.0f}%): {h['title']}; evidence: {ev}{fit}")
         if rep["hypotheses"]:
             lines.append(f"  advice: {rep['hypotheses'][0]['advice']}")
     acts = [e for e in rep["events"] if e.get("kind") in ("action", "halt", "hang", "advice", "detector_error", "monitor_error")]

@@ -133,7 +133,7 @@ class HealthMonitor:
         step = int(st.step)
         metrics.update(compute_trajectory_stats(groups, self._prev_tasks))
         self._prev_tasks = [g.task_id for g in groups]
-        metrics["health/weights_mismatch"] = self._check_weights(metrics, "rollout/weights_fp", self.weight_fps)
+        metrics["health/weights_mismatch"] = self._check_weights(metrics)
         metrics["health/buffers_mismatch"] = self._check_weights(metrics, "rollout/buffers_fp", self.buffer_fps)
         metrics["health/param_norm"] = compute_param_norm(getattr(getattr(st, "policy", None), "model", None))
         ctx = build_context(cfg)
@@ -147,13 +147,14 @@ class HealthMonitor:
         self._record_weights(st)  # after any rollback: the weights the next rollout must run
         return halt
 
-    def _check_weights(self, metrics: dict, key: str, fps: dict[int, float]) -> float:
+    def _check_weights(self, metrics: dict, key: str = "rollout/weights_fp", fps: dict[int, float] | None = None) -> float:
         """1.0 when the rollout's weights (`key`: rollout/weights_fp, or rollout/buffers_fp for the
         non-parameter state) differ from the trainer's at the version the rollout reports for them
         (rollout/weights_fp_version; a silently failed weight sync), 0.0 when they match, NaN when
         either is unknown (no fingerprint, first step, resumed run)."""
         fp, v = finite(metrics.get(key)), finite(metrics.get("rollout/weights_fp_version",
                                                              metrics.get("health/rollout_version_min")))
+        fps = self.weight_fps if fps is None else fps
         ref = fps.get(int(v)) if v is not None else None
         if fp is None or ref is None:
             return float("nan")

@@ -29,6 +29,7 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
 
 `update/logp_gain` costs two no-grad forwards of a few rows (one when pi_old is scored anyway);
 the rest reuses what the update computes (the weight copy of `do_checked_step`, the loss terms).
+`time/probes` logs their time (the probe forwards and the step statistics).
 """
 
 from __future__ import annotations

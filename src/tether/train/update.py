@@ -11,6 +11,7 @@ non-finite weight is undone; both are counted;
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,7 +306,9 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
     ref_all = None
     if ctx.ref_policy is not None and ctx.state.kl_coef > 0 and algo.kl.placement == "loss":
         ref_all = compute_batch_logprobs(ctx.ref_policy, batch, ctx.temperature, train.micro_batch_tokens, pack, share)
+    t_probe = time.perf_counter()
     probe = _probe_before(ctx, batch, old_all) if ctx.probes else None
+    t_probe = time.perf_counter() - t_probe
     ps = _Pass(old_all, ref_all, can_skip_inert(ctx, ref_all is not None), _Acc(),
                NormCheck(algo.agg.mode, ctx.max_len) if ctx.probes else None, {} if ctx.probes else None)
     positions0 = policy.trained_positions
@@ -330,7 +333,9 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
     out["optimizer_steps"] = float(len(grad_norms))
     out["positions"] = float(policy.trained_positions - positions0)
     if ctx.probes:
+        t0 = time.perf_counter()
         out.update(_probe_results(ctx, batch, probe, ps, fused))
+        out["time/probes"] = t_probe + time.perf_counter() - t0 + out.pop("time", 0.0)  # the health layer's cost in the update
     return out
 
 
@@ -404,7 +409,7 @@ def _probe_results(ctx: UpdateContext, batch: TrainBatch, probe, ps: _Pass, fuse
                                        t.share_prefix)
         out.update(compute_logp_progress(before, after, sub.advantages_BT, sub.loss_mask_BT))
     for key, xs in (ps.stats or {}).items():
-        out[key] = max(xs) if key == "update/frozen_frac" else sum(xs) / len(xs)
+        out[key] = max(xs) if key == "update/frozen_frac" else sum(xs) if key == "time" else sum(xs) / len(xs)
     if ps.norms is not None:
         out.update(ps.norms.result())
     out["update/kl_pre"] = float("nan") if fused else ps.pre_kl
@@ -426,9 +431,11 @@ def do_checked_step(optimizer, params, stats: dict[str, list[float]] | None = No
         optimizer.step()
         if compute_all_finite(params):
             if pairs:
+                t0 = time.perf_counter()
                 ps, ws, gs = map(list, zip(*pairs))
                 for k, v in compute_step_stats(ps, ws, lr, gs).items():
                     stats.setdefault(k, []).append(v)
+                stats.setdefault("time", []).append(time.perf_counter() - t0)
             return True
         torch._foreach_copy_([p.data for p in params], weights)
         for p in params:

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         """Serve the Tinker API (the `tinker` SDK's ServiceClient / TrainingClient / SamplingClient) on tether's policy,
         sampler, losses and update: run a Tinker script unchanged but for TINKER_BASE_URL."""
         from tether.cli import _offline_env
-        from tether.serve.tinker import TinkerService, parse_models
+        from tether.serve.tinker import TinkerService, TinkerSettings, parse_models
 
         _offline_env()
         if device == "auto":
@@ -36,8 +36,9 @@ def register(app: typer.Typer) -> None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype not in ("float32", "bfloat16"):
             raise typer.BadParameter(f"{dtype!r}: use float32 or bfloat16", param_hint="--dtype")
-        svc = TinkerService(parse_models(model), state_dir, host=host, port=port, token=token, device=device,
-                            dtype=dtype, full_weight=full_weight, seed=seed, max_samplers=max_samplers)
+        settings = TinkerSettings(host=host, port=port, token=token, device=device, dtype=dtype, full_weight=full_weight,
+                                  seed=seed, max_samplers=max_samplers)
+        svc = TinkerService(parse_models(model), state_dir, settings)
         typer.echo(f"tether: serving the Tinker API at {svc.base_url} on {device} (models: {', '.join(svc.store.bases)})")
         typer.echo(f"  export TINKER_BASE_URL={svc.base_url} TINKER_API_KEY={svc.api_key}")
         try:

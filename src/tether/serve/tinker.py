@@ -3,7 +3,7 @@
     tether serve-tinker --model Qwen/Qwen3-8B=/models/tiny-qwen3      # prints TINKER_BASE_URL
     TINKER_BASE_URL=http://127.0.0.1:8900 TINKER_API_KEY=tml-local python my_tinker_script.py
 
-    with TinkerService({"tiny": "models/tiny"}, "runs/tinker") as svc:   # from Python (tests)
+    with TinkerService({"tiny": "models/tiny"}, "runs/tinker", TinkerSettings()) as svc:   # from Python
         client = tinker.ServiceClient(base_url=svc.base_url, api_key=svc.api_key)
 
 A script written against the `tinker` SDK runs unchanged but for the base URL (and an API key the
@@ -21,6 +21,7 @@ must then carry as its API key (`X-API-Key`, the SDK's TINKER_API_KEY; so the to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -32,29 +33,52 @@ from tether.serve.tinker_models import ModelStore
 from tether.serve.tinker_routes import Routes, build_app
 
 
+@dataclass(frozen=True)
+class TinkerSettings:
+    """How a service runs. host/port/token: where it listens and the API key it requires (needed off
+    loopback); device/dtype: where and in what precision the weights live; full_weight: every training
+    model trains full weights, whatever LoRA rank it asks (rank 0 asks for them anyway); max_samplers:
+    sampler snapshots kept loaded; merge_max_params: LoRA snapshots of bases up to this size are
+    sampled from a merged copy (tether's fast decoder); micro_batch_tokens: forward_backward's token
+    budget per micro-batch; batch_wait_s: how long the worker waits for more sampling requests to
+    batch; poll_s: how long a retrieve_future poll waits before answering try_again."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    full_weight: bool = False
+    seed: int = 0
+    max_samplers: int = 4
+    merge_max_params: int = 200_000_000
+    micro_batch_tokens: int = 8192
+    batch_wait_s: float = 0.02
+    poll_s: float = 20.0
+
+
 class TinkerService:
     """The service (module docstring); `close()` (or the context manager) stops it."""
 
-    def __init__(self, models: Mapping[str, str | Path], state_dir: str | Path, host: str = "127.0.0.1",
-                 port: int = 0, token: str | None = None, device: str = "cpu", *, dtype: str = "float32",
-                 full_weight: bool = False, seed: int = 0, max_samplers: int = 4, micro_batch_tokens: int = 8192,
-                 batch_wait_s: float = 0.02, poll_s: float = 20.0) -> None:
-        if not is_loopback(host) and not token:
-            raise InputError(f"--host {host!r} is not a loopback address: set --token (a 'tml-...' string); every "
+    def __init__(self, models: Mapping[str, str | Path], state_dir: str | Path,
+                 settings: TinkerSettings = TinkerSettings()) -> None:
+        s = settings
+        if not is_loopback(s.host) and not s.token:
+            raise InputError(f"--host {s.host!r} is not a loopback address: set --token (a 'tml-...' string); every "
                              "client then sends it as its API key (TINKER_API_KEY)")
-        if token is not None and not token.startswith("tml-"):
+        if s.token is not None and not s.token.startswith("tml-"):
             raise InputError("--token must start with 'tml-' (the tinker SDK refuses other API keys)")
         if not models:
             raise InputError("no base model: pass --model NAME=PATH (a local Hugging Face model directory)")
-        self.token = token
-        self.store = ModelStore(Path(state_dir), device=device, dtype=dtype, full_weight=full_weight,
-                                max_samplers=max_samplers)
+        self.token = s.token
+        self.store = ModelStore(Path(state_dir), device=s.device, dtype=s.dtype, full_weight=s.full_weight,
+                                max_samplers=s.max_samplers, merge_max_params=s.merge_max_params)
         for name, path in models.items():
             self.store.add_base(name, path)
-        engine = TinkerEngine(self.store, seed=seed, micro_batch_tokens=micro_batch_tokens)
-        self.routes = Routes(self.store, engine, token, poll_s=poll_s, batch_wait_s=batch_wait_s)
+        engine = TinkerEngine(self.store, seed=s.seed, micro_batch_tokens=s.micro_batch_tokens)
+        self.routes = Routes(self.store, engine, s.token, poll_s=s.poll_s, batch_wait_s=s.batch_wait_s)
         try:
-            self._http = HTTPThread(build_app(self.routes), host, port, name="tether-tinker")
+            self._http = HTTPThread(build_app(self.routes), s.host, s.port, name="tether-tinker")
         except BaseException:
             self.routes.worker.close()
             raise

@@ -10,7 +10,8 @@ All work on weights runs on one worker thread, in arrival order: a model's forwa
 optim_step and saves happen in the order the client sent them (the SDK sends them one after the
 other, in its own sequence order). Sampling requests are the exception that makes the service
 fast: they read fixed snapshots, never the weights being trained, so the worker takes every
-sampling request that arrived within `batch_wait_s` of the first and runs them together, equal
+sampling request that arrives within `batch_wait_s` of the previous one (at most `max_wait_s` in all)
+and runs them together, equal
 settings in one batch (`TinkerEngine.sample_many`), before the other requests it collected.
 """
 
@@ -117,8 +118,8 @@ class Job:
 class Worker:
     """The thread that runs every job (module docstring)."""
 
-    def __init__(self, engine: TinkerEngine, table: FutureTable, batch_wait_s: float = 0.02) -> None:
-        self.engine, self.table, self.batch_wait_s = engine, table, batch_wait_s
+    def __init__(self, engine: TinkerEngine, table: FutureTable, batch_wait_s: float = 0.02, max_wait_s: float = 0.5) -> None:
+        self.engine, self.table, self.batch_wait_s, self.max_wait_s = engine, table, batch_wait_s, max_wait_s
         self.jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="tether-tinker-worker")
         self.thread.start()
@@ -132,15 +133,19 @@ class Worker:
         self.thread.join(30.0)
 
     def _collect(self, first: Job) -> tuple[list[Job], bool]:
-        batch, deadline = [first], time.monotonic() + self.batch_wait_s
+        """`first` and every job that follows it within `batch_wait_s` of the previous one (a client
+        submits a batch's sampling requests one HTTP call at a time), for at most `max_wait_s`."""
+        batch, start = [first], time.monotonic()
+        deadline = start + self.batch_wait_s
         while True:
             try:
-                item = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
+                item = self.jobs.get(timeout=max(0.0, min(deadline, start + self.max_wait_s) - time.monotonic()))
             except queue.Empty:
                 return batch, False
             if item is None:
                 return batch, True
             batch.append(item)
+            deadline = time.monotonic() + self.batch_wait_s
 
     def _loop(self) -> None:
         stop = False

@@ -75,6 +75,7 @@ class BaseModel:
     linears: dict[str, list[str]] = field(default_factory=dict)  # classify_linears of the plain model
     peft: Any = None  # the PeftModel around policy.model once an adapter exists
     adapters: int = 0
+    plain: Any = None  # an adapter-free copy of the weights, the template of merged LoRA snapshots
 
 
 @dataclass
@@ -149,9 +150,9 @@ class ModelStore:
     """Base models, training models, samplers and checkpoints (module docstring)."""
 
     def __init__(self, state_dir: Path, device: str = "cpu", dtype: str = "float32", full_weight: bool = False,
-                 max_samplers: int = 4) -> None:
+                 max_samplers: int = 4, merge_max_params: int = 200_000_000) -> None:
         self.state_dir, self.device, self.dtype = Path(state_dir), device, dtype
-        self.full_weight, self.max_samplers = full_weight, max_samplers
+        self.full_weight, self.max_samplers, self.merge_max_params = full_weight, max_samplers, merge_max_params
         self.bases: dict[str, BaseModel] = {}
         self.training: dict[str, TrainingModel] = {}
         self.samplers: OrderedDict[str, Sampler] = OrderedDict()
@@ -243,12 +244,15 @@ class ModelStore:
         return self._keep(Sampler(sampler_id, base, base.policy))
 
     def snapshot(self, sampler_id: str, tm: TrainingModel, model_path: str | None = None) -> Sampler:
-        """A sampler on `tm`'s current weights (an adapter copy, or a model copy)."""
-        if tm.adapter is None:
-            model = copy.deepcopy(tm.policy.model)
+        """A sampler on `tm`'s current weights: a copy of the model (full weights, or a LoRA merged into
+        a copy of its base when the base has at most `merge_max_params` weights: tether's fast decoder
+        then samples it), else a copy of the adapter under a new adapter name."""
+        ephemeral = model_path is None
+        if tm.adapter is None or self._merges(tm.base):
+            model = copy.deepcopy(tm.policy.model) if tm.adapter is None else self._merged(tm)
             model.requires_grad_(False)
             return self._keep(Sampler(sampler_id, tm.base, replace(tm.policy, model=model, version=tm.steps),
-                                      model_path=model_path, ephemeral=model_path is None))
+                                      model_path=model_path, ephemeral=ephemeral))
         name = _adapter_name(sampler_id)
         peft = tm.base.peft
         peft.add_adapter(name, copy.deepcopy(peft.peft_config[tm.adapter]))
@@ -259,7 +263,24 @@ class ModelStore:
                     p.copy_(src[n])
                     p.requires_grad_(False)
         return self._keep(Sampler(sampler_id, tm.base, tm.policy, adapter=name, model_path=model_path,
-                                  ephemeral=model_path is None))
+                                  ephemeral=ephemeral))
+
+    def _merges(self, base: BaseModel) -> bool:
+        return sum(p.numel() for p in base.policy.model.parameters() if not p.requires_grad) <= self.merge_max_params
+
+    def _merged(self, tm: TrainingModel) -> torch.nn.Module:
+        """A plain copy of the base with `tm`'s adapter added in: W + scaling * B @ A per adapted layer."""
+        base = tm.base
+        if base.plain is None:
+            base.plain = load_policy(base.path, device=self.device, dtype=self.dtype).model
+        model = copy.deepcopy(base.plain)
+        plain = dict(model.named_modules())
+        with torch.no_grad():
+            for name, mod in base.peft.get_base_model().named_modules():
+                if tm.adapter in getattr(mod, "lora_A", {}):
+                    delta = mod.lora_B[tm.adapter].weight @ mod.lora_A[tm.adapter].weight
+                    plain[name].weight += mod.scaling[tm.adapter] * delta.to(plain[name].weight.dtype)
+        return model
 
     def sampler_from_path(self, sampler_id: str, path: str) -> Sampler:
         """A sampler on a saved checkpoint (either kind)."""

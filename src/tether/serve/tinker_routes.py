@@ -98,6 +98,20 @@ class Routes:
             return {"model_id": model_id, "type": "create_model"}
         return self.submit(run)
 
+    def unload(self, body: dict[str, Any]) -> dict[str, Any]:
+        model_id = need(body, "model_id")
+        self.store.trained(model_id)
+
+        def run() -> dict[str, Any]:
+            self.store.unload(model_id)
+            return {"model_id": model_id, "type": "unload_model"}
+        return self.submit(run)
+
+    def optim_step(self, body: dict[str, Any]) -> dict[str, Any]:
+        model_id = need(body, "model_id")
+        params = body.get("adam_params") or body.get("optimizer_params") or {}
+        return self.submit(lambda: self.engine.optim_step(model_id, params))
+
     def info(self, model_id: str) -> dict[str, Any]:
         tm = self.store.trained(model_id)
         lora = tm.lora
@@ -200,61 +214,73 @@ def build_app(routes: Routes):
 
     app.add_exception_handler(TinkerUserError, user_error)
     app.add_exception_handler(WireError, user_error)
+    _add_service_routes(app, routes)
+    # calls whose JSON body goes to one method of `routes` (the SDK's request type in comments)
+    for name, fn in {"create_model": routes.create_model,  # CreateModelRequest
+                     "get_info": lambda b: routes.info(need(b, "model_id")),  # GetInfoRequest
+                     "unload_model": routes.unload,  # UnloadModelRequest
+                     "optim_step": routes.optim_step,  # OptimStepRequest
+                     "save_weights": lambda b: routes.save_weights(b, "weights"),  # SaveWeightsRequest
+                     "save_weights_for_sampler": lambda b: routes.save_weights(b, "sampler_weights"),
+                     "load_weights": routes.load_weights,  # LoadWeightsRequest
+                     "asample": routes.asample}.items():  # SampleRequest
+        _post_json(app, f"/api/v1/{name}", fn)
+    _add_future_routes(app, routes)
+    _add_rest_routes(app, routes)
+    return app
 
-    post, get = app.post, app.get
 
-    @post("/api/v1/client/config")
+def _post_json(app, path: str, fn: Callable[[dict[str, Any]], Any]) -> None:
+    async def handler(request: Request):
+        return fn(await request.json())
+    app.post(path)(handler)
+
+
+def _add_service_routes(app, routes: Routes) -> None:
+    """Start-up, sessions and capabilities."""
+
+    @app.post("/api/v1/client/config")
     async def client_config():
         return CLIENT_CONFIG
 
-    @post("/api/v1/client/dynamic_config")
+    @app.post("/api/v1/client/dynamic_config")
     async def dynamic_config():
         return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
-    @get("/api/v1/healthz")
+    @app.get("/api/v1/healthz")
     async def healthz():
         return {"status": "ok"}
 
-    @get("/api/v1/get_server_capabilities")
+    @app.get("/api/v1/get_server_capabilities")
     async def capabilities():
         return {"supported_models": [{"model_name": b.name, "trainable": True, "sampleable": True,
                                       "max_context_length": b.policy.max_positions} for b in routes.store.bases.values()]}
 
-    @post("/api/v1/create_session")
+    @app.post("/api/v1/create_session")
     async def create_session(request: Request):
         sid = f"s{uuid.uuid4().hex[:12]}"
         routes.sessions[sid] = {"created": time.time(), "body": await request.json(), "finished": None}
         return {"type": "create_session", "session_id": sid}
 
-    @post("/api/v1/session_heartbeat")
+    @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request):
         routes.session(need(await request.json(), "session_id"))["last_heartbeat"] = time.time()
         return {"type": "session_heartbeat"}
 
-    @post("/api/v1/sessions/{session_id}/finish")
+    @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish(session_id: str, request: Request):
         routes.session(session_id)["finished"] = (await request.json()).get("reason")
         return {}
 
-    @post("/api/v1/telemetry")
+    @app.post("/api/v1/telemetry")
     async def telemetry():
         return {"status": "accepted"}
 
-    @post("/api/v1/create_model")
-    async def create_model(request: Request):
-        return routes.create_model(await request.json())
 
-    @post("/api/v1/get_info")
-    async def get_info(request: Request):
-        return routes.info(need(await request.json(), "model_id"))
+def _add_future_routes(app, routes: Routes) -> None:
+    """forward_backward (protobuf in), sampling sessions, and the futures' polls (protobuf or JSON out)."""
 
-    @post("/api/v1/unload_model")
-    async def unload(request: Request):
-        model_id = need(await request.json(), "model_id")
-        routes.store.trained(model_id)
-        return routes.submit(lambda: (routes.store.unload(model_id), {"model_id": model_id, "type": "unload_model"})[1])
-
-    @post("/api/v1/forward_backward")
+    @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request):
         try:
             call = decode_forward_backward(await request.body())
@@ -262,41 +288,19 @@ def build_app(routes: Routes):
             return routes.failed(err)
         return routes.submit(lambda: routes.engine.forward_backward(call), "proto")
 
-    @post("/api/v1/optim_step")
-    async def optim_step(request: Request):
-        body = await request.json()
-        params = body.get("adam_params") or body.get("optimizer_params") or {}
-        return routes.submit(lambda: routes.engine.optim_step(need(body, "model_id"), params))
-
-    @post("/api/v1/save_weights")
-    async def save_weights(request: Request):
-        return routes.save_weights(await request.json(), "weights")
-
-    @post("/api/v1/save_weights_for_sampler")
-    async def save_for_sampler(request: Request):
-        return routes.save_weights(await request.json(), "sampler_weights")
-
-    @post("/api/v1/load_weights")
-    async def load_weights(request: Request):
-        return routes.load_weights(await request.json())
-
-    @post("/api/v1/create_sampling_session")
+    @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request):
         return await routes.create_sampler(await request.json())
 
-    @get("/api/v1/samplers/{sampler_id}")
+    @app.get("/api/v1/samplers/{sampler_id}")
     async def get_sampler(sampler_id: str):
         return routes.sampler_info(sampler_id)
 
-    @post("/api/v1/asample")
-    async def asample(request: Request):
-        return routes.asample(await request.json())
-
-    @post("/api/v1/cancel_future")
+    @app.post("/api/v1/cancel_future")
     async def cancel_future():
         return {}
 
-    @post("/api/v1/retrieve_future")
+    @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request):
         rid = need(await request.json(), "request_id")
         if routes.table.get(rid) is None:
@@ -309,9 +313,6 @@ def build_app(routes: Routes):
         if entry.kind == "proto":
             return Response(content=entry.payload, media_type=PROTO)
         return entry.payload
-
-    _add_rest_routes(app, routes)
-    return app
 
 
 def _add_rest_routes(app, routes: Routes) -> None:

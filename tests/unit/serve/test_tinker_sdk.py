@@ -300,12 +300,35 @@ def test_unserved_sampling_options_are_user_errors(client, tok):
 
 def test_api_key_required_off_loopback_and_checked(tiny_dir, tmp_path):
     from tether.errors import InputError
-    from tether.serve.tinker import TinkerService
+    from tether.serve.tinker import TinkerService, TinkerSettings
 
     with pytest.raises(InputError, match="not a loopback address"):
-        TinkerService({"tiny": tiny_dir}, tmp_path, host="0.0.0.0")
-    with TinkerService({"tiny": tiny_dir}, tmp_path, token="tml-secret") as svc:
+        TinkerService({"tiny": tiny_dir}, tmp_path, TinkerSettings(host="0.0.0.0"))
+    with TinkerService({"tiny": tiny_dir}, tmp_path, TinkerSettings(token="tml-secret")) as svc:
         with pytest.raises(Exception):
             tinker.RestClient(base_url=svc.base_url, api_key="tml-wrong").get_server_capabilities().result()
         ok = tinker.RestClient(base_url=svc.base_url, api_key="tml-secret").get_server_capabilities().result()
         assert ok.supported_models[0].model_name == "tiny"
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged-copy", "adapter-copy"])
+def test_lora_snapshot_samples_what_was_trained(tiny_dir, tmp_path, merge):
+    """A LoRA snapshot is sampled either from a merged copy of its base (small bases: tether's fast
+    decoder) or from a copy of the adapter (large bases); both score a sequence as the trainer does."""
+    from tether.serve.tinker import TinkerService, TinkerSettings
+
+    settings = TinkerSettings(merge_max_params=10**12 if merge else 0)
+    with TinkerService({"tiny": tiny_dir}, tmp_path, settings) as svc:
+        sc = tinker.ServiceClient(base_url=svc.base_url, api_key=svc.api_key)
+        tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+        tok = tc.get_tokenizer()
+        ids = tok.encode("the cat sat on the mat")
+        for _ in range(3):
+            tc.forward_backward([lm_datum(ids)], "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=0.05))
+        trainer = tc.forward([lm_datum(ids)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        assert (svc.store.sampler(sampler._sampling_session_id).adapter is None) == merge
+        lps = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
+        assert np.allclose(lps[1:], trainer, atol=1e-5)
+        sc.close("success").result()

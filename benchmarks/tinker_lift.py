@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -125,6 +124,8 @@ def cpu_seconds(pid: int) -> float:
 def measure(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
+    from tether.hardware import cpu_info
+
     rd = Path(args.run_dir)
     load_start = os.getloadavg()
     _log(f"load average at start {load_start}; cold start: {args.sft_steps} SFT steps with tether (not timed below)")
@@ -172,29 +173,16 @@ def measure(args: argparse.Namespace) -> dict:
         "train_reward_first_last_5": [sum(rewards[:5]) / max(len(rewards[:5]), 1), sum(rewards[-5:]) / max(len(rewards[-5:]), 1)],
         "loop_wall_seconds": t_loop, "service_cpu_seconds": service_cpu, "loop_cpu_seconds": loop_cpu,
         "sft_wall_seconds": t_sft, "meets_issue_42": bool(lift >= 10 and t_loop <= 900),
-        "cpus": os.cpu_count(), "cpu": _cpu_name(), "load_average_at_start": load_start, "load_average_at_end": load_end,
+        "cpus": os.cpu_count(), "cpu": cpu_info(), "load_average_at_start": load_start, "load_average_at_end": load_end,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
         "note": "wall times on a machine shared with other jobs are upper bounds; the load averages and CPU seconds say "
                 "how busy it was",
     }
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    return out.stdout.strip() or None
 
 
 def main(argv=None) -> None:

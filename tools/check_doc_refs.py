@@ -41,7 +41,7 @@ ALLOWED = {
 EXT = r"(?:md|py|yaml|yml|json|jsonl|toml|sh|txt|log)"
 PATH = re.compile(r"(?<![\w/.\-~$<{@*])((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*\." + EXT + r")(?![\w/(])")
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
-# `tests/x.py::test_name`, or `::test_name` after such a path earlier in the same file: the name must exist.
+# `path.py::name`, or `::name` after such a path earlier in the same file: the name must be defined there.
 PY_NAME = re.compile(r"(?:((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-]+\.py)|(?<![\w>)\]:]))::([A-Za-z_]\w*)")
 ANCHOR_ID = re.compile(r'<a\s+(?:id|name)="([^"]+)"')
 SCANNED = {".py", ".md", ".yaml", ".yml", ".toml", ".sh"}

@@ -199,6 +199,7 @@ def read_rm(d):
         "ver": f"{lifts(ver)[0]:+.1f}", "weak_flag": weak_avx["first_learned_reward_step"],
         "weak_fall": weak_avx["first_5pt_fall_step"], "weak_flag_bf16": weak_bf16["first_learned_reward_step"],
         "weak_fall_bf16": weak_bf16["first_5pt_fall_step"], "n80": len(r80),
+        "met": "reaches" if mean_se(lifts(r80))[0] >= 10 else "misses",
     }
 
 
@@ -225,8 +226,8 @@ pass@1 by the hidden verifier, mean ± s.e. over RL seeds (AVX2-only EPYC, fp32)
 | the verifier itself (one seed) | 80 | {ver} | | |
 | native-bf16 EPYC, bf16 autocast, its own RM ({nb_acc}) | 80 | {lnb} | | |
 
-The issue's +10 points is met by the mean, barely; the whole pipeline (the RM is most of it) took far
-longer than the 15 minutes asked for. A deliberately weak RM is flagged `learned_reward_exploited` by
+At 80 steps the mean {met} the issue's +10 points; the whole pipeline (the RM is most of it) took
+far longer than the 15 minutes the issue asked for. A deliberately weak RM is flagged `learned_reward_exploited` by
 `tether doctor` at step {weak_flag}, before held-out accuracy falls 5 points (step {weak_fall}; on the
 native-bf16 CPU step {weak_flag_bf16} and {weak_fall_bf16}). docs/rewards.md has every round.
 """,
@@ -260,8 +261,11 @@ def read_pipelines(d):
     dpo = _stage_rows(d["dpo"], ["sft", "dpo", "rl_after_dpo", "rl_alone"])
     dis = _stage_rows(d["distill"], ["base", "teacher", "distilled", "rl_alone"])
     h = ["after stage", "held-out pass@1 (mean ± s.e.)", "seeds 0 / 1 / 2"]
+    ex = d["r1"]["extra_tables"]
+    first, last = (ex[f"stages.{s}.heldout.eval/pass@1"][0]["values"] for s in ("base", "rl_final"))
+    up = sum(last[k] > first[k] for k in first)
     return {"r1": table(h, r1), "l2s": table(h + ["answer tokens"], l2s), "dpo": table(h, dpo), "distill": table(h, dis),
-            "r1_real": f"{q['measurement']['real_seconds']:.0f}", "r1_cpu": f"{q['cpu_seconds']:.0f}",
+            "r1_up": f"{up} of {len(first)}", "r1_real": f"{q['measurement']['real_seconds']:.0f}", "r1_cpu": f"{q['cpu_seconds']:.0f}",
             "dpo_diff": _diff(d["dpo"]), "distill_diff": _diff(d["distill"]), "l2s_diff": _diff(d["l2s"])}
 
 
@@ -279,7 +283,7 @@ PIPELINES = Entry(
 
 {r1}
 
-The seeds differ widely (seed 1 starts far higher); every seed rises over the stages.
+The seeds differ widely; {r1_up} seeds end above their weak base.
 
 **Kimi's long2short** (configs/long2short.yaml), from one long-answer start; RL with a length reward
 minus long RL: {l2s_diff}:

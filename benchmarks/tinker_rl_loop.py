@@ -1,4 +1,6 @@
-"""A Tinker RL loop: tinker-cookbook 0.5.8's `recipes/rl_loop.py`, ported to run without the cookbook.
+"""A Tinker RL loop: tinker-cookbook 0.5.8's rl_loop recipe, ported to run without the cookbook.
+
+The original is `tinker_cookbook.recipes.rl_loop` (tinker-cookbook 0.5.8 on PyPI).
 
 It talks to whatever Tinker service TINKER_BASE_URL (or --base-url) names, through the `tinker` SDK
 only; it imports nothing from tether. The loop is the cookbook's, step for step: per batch,

@@ -17,7 +17,7 @@ nowhere. What counts as a reference (tests/unit/test_docs_links.py runs this):
   in that file, so a renamed test does not leave its citation behind.
 Files that runs and tools write into run directories (`config.yaml`, `summary.json`, ...) never carry
 a folder that starts at the repository, so they are not references; neither are a command's output
-(`--out benchmarks/results/x.json`), a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
+(`--out benchmarks/results/x.json`), a file the results page marks "(absent)", a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
 placeholder (`configs/NAME.yaml`). `ALLOWED` lists the few names that look like repository paths but
 are not (each with its reason).
 """
@@ -173,7 +173,8 @@ class Checker:
                 bare = MD_LINK.sub("]", text) if p.suffix == ".md" else text  # link targets: checked below
                 for m in PATH.finditer(bare):
                     before = bare[:m.start(1)]
-                    if re.search(r"https?://\S*$", before) or OUTPUT_OR_COMMIT.search(before):
+                    if re.search(r"https?://\S*$", before) or OUTPUT_OR_COMMIT.search(before) \
+                            or bare[m.end(1):].startswith("` (absent)"):  # a result page's declared-absent file
                         continue
                     if not self.check_ref(m.group(1), f):
                         out.append(f"{f}:{line_no}: {m.group(1)}")

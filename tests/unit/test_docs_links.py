@@ -44,7 +44,7 @@ def test_the_checker_finds_what_it_should_and_nothing_else(tmp_path):
         "docs/a.md": "[ok](design.md#house-rules) [ok](design.md#rule-5) [bad anchor](design.md#nope) [gone](old.md)\n"
                      "run `tether sweep configs/NAME.yaml --out benchmarks/results/new.json`; "
                      "`git show 9aa2a78:benchmarks/gone.py`; a run's config.yaml and summary.json; "
-                     "see pitfalls.md and https://example.org/docs/x.md\n",
+                     "see pitfalls.md and https://example.org/docs/x.md; reads `benchmarks/results/none.json` (absent)\n",
         "configs/c.yaml": "# tether train configs/c.yaml  (docs/missing.md)\nkey: docs/not-a-comment.md\n",
         "tests/unit/test_x.py": "def test_real():\n    pass\n",
         "docs/b.md": "pinned by `tests/unit/test_x.py::test_real`, `::test_gone`; the op `aten::mm`\n",

@@ -117,6 +117,41 @@ One seed, {date}, {cpu} with {cpus} cores, fp32; the load average went from {la0
 )
 
 
+# ---- a Tinker script against tether serve-tinker ------------------------------------------------------
+
+def read_tinker(d):
+    t = d["t"]
+    s = t["loop_settings"]
+    return {"before": f3(t["held_out_pass1_before"]), "after": f3(t["held_out_pass1_after"]),
+            "lift": f"{t['lift_points']:+.1f}", "gb": f3(t["greedy_before"]), "ga": f3(t["greedy_after"]),
+            "loop": mmss(t["loop_wall_seconds"]), "svc_cpu": f"{t['service_cpu_seconds']:.0f}",
+            "loop_cpu": f"{t['loop_cpu_seconds']:.0f}", "batches": s["batches"], "ppb": s["problems_per_batch"],
+            "spp": s["samples_per_problem"], "rank": s["lora_rank"], "problems": t["held_out_problems"],
+            "cpus": t["cpus"], "cpu": t["cpu"].get("model", "CPU") if isinstance(t["cpu"], dict) else t["cpu"],
+            "la0": loadavg(t["load_average_at_start"]), "la1": loadavg(t["load_average_at_end"]),
+            "date": t["date_utc"][:10]}
+
+
+TINKER = Entry(
+    key="tinker", title="A Tinker RL loop against `tether serve-tinker` (docs/tinker.md)",
+    sources={"t": R + "tinker_lift.json"},
+    command="python benchmarks/tinker_lift.py",
+    read=read_tinker,
+    text="""
+tinker-cookbook's RL loop (ported as benchmarks/tinker_rl_loop.py), unchanged but for the service's
+address, trains a LoRA adapter (rank {rank}) of a tiny model on the reverse task through the `tinker`
+SDK: {batches} batches of {ppb} problems × {spp} samples, after an SFT cold start on a weak teacher.
+
+| held-out pass@1 ({problems} problems) | greedy | the loop's wall time | CPU s: service / loop |
+|---|---|---|---|
+| {before} → **{after}** ({lift} points) | {gb} → {ga} | {loop} | {svc_cpu} / {loop_cpu} |
+
+One run, {date}, {cpu} with {cpus} cores; load average {la0} at the start and {la1} at the end
+(1/5/15 min), so the wall time is an upper bound.
+""",
+)
+
+
 # ---- training health ------------------------------------------------------------------------------
 
 def read_health(d):
@@ -405,5 +440,5 @@ repeat their numbers; rerun the command and commit the summary to bring one here
 """,
 )
 
-ENTRIES = [DEMO, HARNESS, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
+ENTRIES = [DEMO, HARNESS, TINKER, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
 TAIL_ENTRIES = [NO_FILE]

@@ -48,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem for pass@1")
     ap.add_argument("--run-dir", default="runs/tinker-lift")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/tinker_lift.json"))
+    ap.add_argument("--fresh", action="store_true", help="redo the cold start even if <run-dir>/sft-model exists")
     ap.add_argument("--smoke", action="store_true", help="2 SFT + 2 RL steps, 8 held-out problems")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -66,10 +67,11 @@ def cold_start(args: argparse.Namespace, rd: Path) -> tuple[Path, list[dict], li
     cfg = load_config(ROOT / "configs/reverse.yaml", [f"sft.steps={args.sft_steps}", f"data.eval_size={args.eval_size}",
                                                       "checkpoint.every=0"])
     t0 = time.perf_counter()
-    policy, _ = run_sft(cfg, rd / "sft", overwrite=True)
     out = rd / "sft-model"
-    policy.model.save_pretrained(str(out), safe_serialization=True)
-    policy.tokenizer.save_pretrained(str(out))
+    if not (out / "config.json").is_file() or args.fresh:  # the cold start is reused across measurements
+        policy, _ = run_sft(cfg, rd / "sft", overwrite=True)
+        policy.model.save_pretrained(str(out), safe_serialization=True)
+        policy.tokenizer.save_pretrained(str(out))
     train, held_out = setup_problems(cfg)
     return out, [{"prompt": p["prompt"], "answer": p["answer"]} for p in train], \
         [{"prompt": p["prompt"], "answer": p["answer"]} for p in held_out], time.perf_counter() - t0

@@ -65,18 +65,19 @@ def test_an_episode_runs_verifiers_own_harness_against_tethers_endpoint(model_di
     assert task["prompt"] in prompt_text  # the taskset's prompt reached the model through verifiers' harness
 
 
+@pytest.mark.timeout(1500)  # six episodes, each a process start (~8 CPU s); generous for a busy machine
 def test_tether_trains_on_a_verifiers_04_taskset(model_dir, tmp_path):
     from tether.config import load_config
     from tether.recipes.rl import run_rl
 
     cfg = load_config(None, [
         f"model.path={model_dir}", "data.task=verifiers", f"data.task_kwargs={json.dumps(KW)}", "data.train_size=8",
-        "data.eval_size=2", "train.steps=2", "rollout.n=2", "rollout.problems_per_step=2",
+        "data.eval_size=1", "train.steps=1", "rollout.n=2", "rollout.problems_per_step=1",
         "rollout.sampling.max_new_tokens=6", "eval.sampling.max_new_tokens=6", "eval.samples=1",
         "harness.timeout_s=180", "harness.concurrency=4", "logging.progress=false", "logging.tensorboard=false",
         "run.threads=1", "checkpoint.every=0", "train.lr=1e-3"])
     summary = run_rl(cfg, tmp_path / "run")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "pg_loss" in r]
-    assert summary["steps"] == 2 and [r["step"] for r in trained] == [1, 2]
+    assert summary["steps"] == 1 and [r["step"] for r in trained] == [1]
     assert all(r["harness/error_rate"] == 0.0 and r["harness/calls_mean"] >= 1.0 for r in trained)

@@ -74,7 +74,7 @@ def cold_start(args: argparse.Namespace, rd: Path) -> tuple[Path, list[dict], li
         policy, _ = run_sft(cfg, rd / "sft", overwrite=True)
         policy.model.save_pretrained(str(out), safe_serialization=True)
         policy.tokenizer.save_pretrained(str(out))
-    train, held_out = setup_problems(cfg)
+    train, held_out = setup_problems(cfg.data)
     return out, [{"prompt": p["prompt"], "answer": p["answer"]} for p in train], \
         [{"prompt": p["prompt"], "answer": p["answer"]} for p in held_out], time.perf_counter() - t0
 

@@ -10,10 +10,10 @@ movement rules the cause out (a mechanism that cannot produce them). `regression
 `accuracy_drop` are outcomes (`DOWNSTREAM`): any fault can cost accuracy, so they are neither
 evidence a cause leaves unexplained nor, alone, a cause's hallmark.
 
-The fingerprints encode how each failure shows in telemetry (algorithms.md Part B, pitfalls.md
-#3-#8, #12, #16, #17 of the project's reference notes; docs/health/README.md "What each cause
-predicts"): they were written from the mechanisms, then the weights were adjusted on the tuned
-half of the fault benchmark (tether.health.faults.split) only.
+The fingerprints encode how each failure shows in telemetry (docs/health/README.md, "What each
+cause predicts"; docs/design.md, correctness rules 3-8, 12, 16 and 17): they were written from the
+mechanisms, then the weights were adjusted on the tuned half of the fault benchmark
+(tether.health.faults.split) only.
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tether.health.detectors import Finding, RunContext
 from tether.health.diagnosis import UNEXPLAINED, diagnose
 
@@ -30,17 +28,6 @@ def _load_rows(run: Path) -> list[dict[str, Any]]:
         if isinstance(row.get("step"), int):
             by_step.setdefault(row["step"], {}).update(row)
     return [by_step[s] for s in sorted(by_step) if s > 0 and "reward/mean" in by_step[s]]
-
-
-def _load_config(run: Path) -> Any:
-    from tether.config import TetherConfig, build_config
-
-    path = run / "config.yaml"
-    if not path.exists():
-        return TetherConfig()
-    data = yaml.safe_load(path.read_text()) or {}
-    data.setdefault("health", {})["inject"] = []  # the doctor is not told what was injected
-    return build_config(data, str(path))
 
 
 def _contexts(cfg: Any, run: Path | None) -> dict[int, RunContext]:
@@ -65,14 +52,15 @@ class _Records:
         self.records.append(record)
 
 
-def replay_events(run_dir: str | Path) -> list[dict[str, Any]]:
+def replay_events(run_dir: str | Path, cfg: Any) -> list[dict[str, Any]]:
     """The findings, diagnoses and decisions the monitor writes to health.jsonl, re-computed by
     the current detectors and diagnosis from the run's metrics.jsonl: the same records an
     advise-mode run would have written with this code (auto mode's actions change the run
-    itself, so they cannot be replayed). faultbench re-scores its advise runs with it."""
+    itself, so they cannot be replayed). faultbench re-scores its advise runs with it. `cfg`: the
+    run's config (`tether.config.load_doctor_config`)."""
     run = Path(run_dir)
     sink = _Records()
-    replay(_load_rows(run), _load_config(run), run, sink)
+    replay(_load_rows(run), cfg, run, sink)
     return sink.records
 
 
@@ -120,11 +108,10 @@ def _events(run: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def examine(run_dir: str | Path) -> dict[str, Any]:
-    """The doctor's report as a JSON-ready dict."""
+def examine(run_dir: str | Path, cfg: Any) -> dict[str, Any]:
+    """The doctor's report as a JSON-ready dict; `cfg`: the run's config (`tether.config.load_doctor_config`)."""
     run = Path(run_dir)
     rows = _load_rows(run)
-    cfg = _load_config(run)
     findings, hyps = replay(rows, cfg, run)
     by_det: dict[str, dict[str, Any]] = {}
     for f in findings:

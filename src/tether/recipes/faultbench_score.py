@@ -85,6 +85,7 @@ def health_record(rows: list[dict[str, Any]], start: int) -> dict[str, Any]:
 def replay_record(rec: dict[str, Any], rd: Path, start: int) -> dict[str, Any]:
     """An advise run's record with its health fields re-computed by the current detectors and
     diagnosis from its metrics.jsonl (unchanged: auto runs, runs without metrics, errors)."""
+    from tether.config import load_doctor_config
     from tether.health.doctor import replay_events
     from tether.health.faults import get_fault_class
     from tether.recipes.faultbench import fault_start
@@ -93,7 +94,7 @@ def replay_record(rec: dict[str, Any], rd: Path, start: int) -> dict[str, Any]:
         return rec
     fault = rec["case"]["fault"]
     f_start = fault_start(get_fault_class(fault), start) if fault else 1
-    return {**rec, **health_record(replay_events(rd), f_start)}
+    return {**rec, **health_record(replay_events(rd, load_doctor_config(rd)), f_start)}
 
 
 # ----------------------------------------------------------------------------- scores

@@ -33,7 +33,9 @@ from tether.algos import (
     compute_value_loss,
 )
 from tether.train.batching import split_by_token_budget
-from tether.config import AlgoConfig, TrainConfig
+from tether.algos.config import AlgoConfig
+from tether.policy.config import SamplingConfig
+from tether.train.config import TrainConfig
 from tether.optim import compute_all_finite
 from tether.health.faults import NO_FAULTS
 from tether.phase import marks_phase
@@ -265,14 +267,17 @@ class UpdateContext:
     probes: bool = False
 
     @classmethod
-    def from_run(cls, st: Any, cfg: Any, dp: Any = None) -> "UpdateContext":
-        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator, faults) and config."""
-        s = cfg.rollout.sampling
+    def from_run(cls, st: Any, algo: AlgoConfig, train: TrainConfig, sampling: SamplingConfig,
+                 dp: Any = None) -> "UpdateContext":
+        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator, fault
+        seams, health monitor; an RLState) and the config sections in force. The probes run when the
+        run's health monitor is on (`health.mode` advise or auto) and no data-parallel group shards the update."""
         policy = getattr(dp, "train_policy", None) or st.policy  # FSDP2 rank 0: the sharded twin (tether.dist.fsdp)
         faults = getattr(st, "faults", None) or NO_FAULTS
-        return cls(policy, st.optimizer, cfg.algo, cfg.train, s.temperature, st.update, st.scheduler,
-                   faults.on_reference(st.ref), st.critic, st.generator, cfg.algo.agg.max_len or s.max_new_tokens, dp,
-                   faults, probes=cfg.health.mode != "off" and dp is None)
+        probes = getattr(getattr(st, "health", None), "mode", "off") != "off" and dp is None
+        return cls(policy, st.optimizer, algo, train, sampling.temperature, st.update, st.scheduler,
+                   faults.on_reference(st.ref), st.critic, st.generator, algo.agg.max_len or sampling.max_new_tokens, dp,
+                   faults, probes)
 
 
 @dataclass

@@ -154,4 +154,20 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
 )}
 
 
-__all__ = ["CAUSES", "Cause", "DOWNSTREAM", "HALLMARK"]
+def format_predictions() -> str:
+    """The taxonomy as a markdown table (docs/health/README.md, "What each cause predicts"; a test
+    keeps the page equal to it): per cause, its hallmarks, the other signals it predicts, the ones
+    that weigh against it, and the ones that rule it out. Every signal in no column it predicts
+    stays quiet."""
+    def keys(c: Cause, pick) -> str:
+        return ", ".join(f"`{k}`" for k, w in sorted(c.fingerprint.items(), key=lambda kv: -abs(kv[1])) if pick(w)) or "-"
+
+    rows = ["| cause | family | hallmarks (one must fire to name it) | also predicts | weighs against | ruled out by |",
+            "|---|---|---|---|---|---|"]
+    for c in CAUSES.values():
+        rows.append(f"| `{c.name}` | {c.family} | {keys(c, lambda w: w >= HALLMARK)} | {keys(c, lambda w: 0 < w < HALLMARK)} | "
+                    f"{keys(c, lambda w: w < 0)} | {', '.join(f'`{k}`' for k in c.quiet) or '-'} |")
+    return "\n".join(rows)
+
+
+__all__ = ["CAUSES", "Cause", "DOWNSTREAM", "HALLMARK", "format_predictions"]

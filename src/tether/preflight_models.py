@@ -95,14 +95,16 @@ def load_tokenizer(path: str | Path, what: str):
         raise InputError(f"{what}={path}: cannot load its tokenizer ({first[:200]})") from None
 
 
-def check_same_vocab(student_tokenizer, teacher_tokenizer, what: str, student: str) -> None:
-    """On-policy distillation scores the student's ids under the teacher: vocabularies equal, id for id."""
-    s, t = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+def check_same_vocab(student_tokenizer, other_tokenizer, what: str, student: str,
+                     why: str = "the teacher scores the student's token ids") -> None:
+    """Two models that exchange token ids (a distillation teacher scores the student's; DPO's delta models
+    sample ids the student trains on) need equal vocabularies, id for id."""
+    s, t = student_tokenizer.get_vocab(), other_tokenizer.get_vocab()
     if s != t:
         raise InputError(
             f"{what}: its tokenizer differs from the student's ({student}: {len(t)} vs {len(s)} tokens, "
-            f"{len(set(s.items()) ^ set(t.items()))} differing entries); the teacher scores the student's token ids, "
-            "so use a teacher trained from the same base model (e.g. an earlier stage of this pipeline)")
+            f"{len(set(s.items()) ^ set(t.items()))} differing entries); {why}, so use a model trained from the "
+            "same base model (e.g. an earlier stage of this pipeline)")
 
 
 def build_skeleton(path: str | Path | None, tiny: Any = None, what: str = "model.path"):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tether.config import TetherConfig, build_config
-from tether.errors import InputError
+from tether.errors import InputError, UserError
 from tether.preflight import check_config_inputs, check_steps
 from tether.preflight_models import (CAUSAL_LM, build_skeleton, check_model_kind, check_same_vocab, find_shape_mismatch,
                                      load_tokenizer, read_shapes, skeleton_shapes)
@@ -74,7 +74,7 @@ def check_pipeline_inputs(cfg: TetherConfig, plan: Sequence[tuple[Any, dict[str,
         where = f"pipeline stage {st.name!r} (pipeline.stages.{i})"
         try:
             _check_stage(st, stage_cfg, configs[:i], lineage, seen_data)
-        except InputError as err:
+        except UserError as err:  # DataError, ConfigError, InputError, ...: the same line, with the stage named
             raise InputError(f"{where}: {err}") from None
 
 
@@ -100,7 +100,8 @@ def _check_stage(st: Any, cfg: TetherConfig, earlier: list[tuple[Any, TetherConf
         _check_merge(cfg, names, earlier, lineage)
 
 
-def _check_student_model(ref: str | None, what: str, names: dict[str, TetherConfig], lineage: Lineage) -> None:
+def _check_student_model(ref: str | None, what: str, names: dict[str, TetherConfig], lineage: Lineage,
+                         why: str = "the teacher scores the student's token ids") -> None:
     """A model that works on the student's token ids: an earlier stage, or a causal LM directory with the
     student's tokenizer."""
     if not ref:
@@ -110,7 +111,7 @@ def _check_student_model(ref: str | None, what: str, names: dict[str, TetherConf
     if ref in names:
         return
     check_model_kind(ref, CAUSAL_LM, what)
-    check_same_vocab(lineage.tokenizer, load_tokenizer(ref, what), f"{what}={ref}", lineage.where)
+    check_same_vocab(lineage.tokenizer, load_tokenizer(ref, what), f"{what}={ref}", lineage.where, why)
 
 
 def _check_distill(cfg: TetherConfig, names: dict[str, TetherConfig], lineage: Lineage) -> None:
@@ -132,7 +133,8 @@ def _check_dpo(cfg: TetherConfig, names: dict[str, TetherConfig], lineage: Linea
         load_pair_rows(d.pairs_path)
     elif d.pairs == "delta":
         for key in ("strong_model", "weak_model"):
-            _check_student_model(getattr(d, key), f"dpo.{key}", names, lineage)
+            _check_student_model(getattr(d, key), f"dpo.{key}", names, lineage,
+                                 "the student trains on the token ids it samples")
 
 
 def _check_merge(cfg: TetherConfig, names: dict[str, TetherConfig], earlier: list[tuple[Any, TetherConfig]],

@@ -64,12 +64,12 @@ def encode_prompt(tokenizer, problem: Mapping[str, Any], chat: bool = False) -> 
 def template_failure(tokenizer, problem: Mapping[str, Any], chat: bool, err: BaseException) -> TemplateError:
     """transformers' "no chat_template" ValueError, or the template's own `raise_exception` (jinja2),
     as one line: why the template is used (data.chat, or chat-message rows) and what to do."""
-    why = "data.chat=true" if chat else f"problem {problem.get('id')!r} is chat messages (data.prompt_key)"
+    why = "data.chat=true" if chat else f"data.prompt_key (problem {problem.get('id')!r} is chat messages)"
     detail = " ".join(str(err).split())[:200] or type(err).__name__
     if getattr(tokenizer, "chat_template", None) is None:
-        return TemplateError(f"{why} needs a chat template, but the model's tokenizer has none: use a chat model, "
-                             "add chat_template to its tokenizer_config.json, or give prompts as plain text "
-                             "(and data.chat=false)")
+        other = "set data.chat=false" if chat else "store the prompts as plain text"
+        return TemplateError(f"{why} needs a chat template, but the model's tokenizer has none: use a chat model "
+                             f"(or add chat_template to its tokenizer_config.json), or {other}")
     return TemplateError(f"{why}: the model's chat template refuses the messages ({detail}); fix the messages "
                          "(e.g. roles this template accepts) or the template")
 

@@ -149,7 +149,12 @@ def load_user_task(name: str) -> None:
     factory = import_object(name, "data.task", DataError, "package.module:factory")
     if not callable(factory):
         raise DataError(f"data.task={name!r}: {name.partition(':')[2]!r} is not callable")
-    spec = factory()
+    try:
+        spec = factory()
+    except Exception as err:  # noqa: BLE001 - the user's factory (or a name that is no factory): their code
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise DataError(f"data.task={name!r}: calling the factory failed ({type(err).__name__}: {first}); it must "
+                        "take no arguments and return a TaskSpec or an EnvSpec") from None
     from tether.envs.base import ENVS, EnvSpec, register_env
 
     if isinstance(spec, EnvSpec):

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import TINY, write
+from bad_input_helpers import TINY, params, write
 
 CONFIG = "train:\n  steps: 1\n"
 
@@ -51,7 +51,7 @@ GROUND_TRUTH_CASES = [  # (id, ground truth, field named, fragment)
 ]
 
 
-@pytest.mark.parametrize("gt, field, fragment", [pytest.param(*c[1:], id=c[0]) for c in GROUND_TRUTH_CASES])
+@pytest.mark.parametrize("gt, field, fragment", params(GROUND_TRUTH_CASES))
 def test_verl_ground_truth_that_is_no_answer(bad_input, tmp_path, gt, field, fragment):
     path = _jsonl(tmp_path / "d.jsonl", _verl(gt))
     bad_input.cli(_train(tmp_path, path), field, fragment, f"{path}: row 0")
@@ -87,7 +87,7 @@ PROMPT_CASES = [  # (id, prompt, field, fragment)
 ]
 
 
-@pytest.mark.parametrize("prompt, field, fragment", [pytest.param(*c[1:], id=c[0]) for c in PROMPT_CASES])
+@pytest.mark.parametrize("prompt, field, fragment", params(PROMPT_CASES))
 def test_prompt_that_is_no_prompt(bad_input, tmp_path, prompt, field, fragment):
     path = _jsonl(tmp_path / "d.jsonl", _verl("4", prompt=prompt))
     bad_input.cli(_train(tmp_path, path), field, fragment, f"{path}: row 0")
@@ -129,7 +129,7 @@ JSONL_CASES = [  # data.task=jsonl: the same readers as the datasets sources
 ]
 
 
-@pytest.mark.parametrize("row, field, fragment", [pytest.param(*c[1:], id=c[0]) for c in JSONL_CASES])
+@pytest.mark.parametrize("row, field, fragment", params(JSONL_CASES))
 def test_jsonl_row_that_cannot_mean_what_it_must(bad_input, tmp_path, row, field, fragment):
     path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "2+2=", "answer": "4"}, row])
     bad_input.cli(_train(tmp_path, path, task="jsonl"), field, fragment, f"{path}:2")

@@ -52,8 +52,8 @@ class Lineage:
         from tether.train.setup import setup_problems, tokenizer_corpus
 
         with contextlib.redirect_stdout(io.StringIO()):  # the recipe prints its data notices itself
-            train, _ = setup_problems(self.cfg)
-        return build_tokenizer(tokenizer_corpus(self.cfg, train), self.cfg.model.tiny.vocab_size)
+            train, _ = setup_problems(self.cfg.data)
+        return build_tokenizer(tokenizer_corpus(self.cfg.data, train), self.cfg.model.tiny.vocab_size)
 
     @cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:

@@ -96,8 +96,14 @@ def render_chat(tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequenc
     the template's own `tools` block (transformers `apply_chat_template(tools=...)`)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(f"{type(tokenizer).__name__} has no chat_template; multi-turn environments need one")
-    return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
-                                         add_generation_prompt=add_generation_prompt, tokenize=False)
+    try:
+        return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+    except _TEMPLATE_FAILURES as err:  # the template's own raise_exception (roles it refuses, tools it lacks)
+        detail = " ".join(str(err).split())[:200] or type(err).__name__
+        raise TemplateError(f"the model's chat template refuses this conversation ({detail}): a multi-turn "
+                            "environment needs a template that renders its roles (and tools); use a chat model whose "
+                            "template does, or fix the template") from None
 
 
 def encode_text(tokenizer, text: str) -> tuple[int, ...]:

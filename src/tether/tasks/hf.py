@@ -75,14 +75,21 @@ def _do_open_source(path: str, split: str, streaming: bool) -> Iterable[Mapping[
                         raise DataError(f"{p}: no split {split!r} (splits: {sorted(ds)}); set data.split")
                     ds = ds[split]
                 return ds.to_iterable_dataset() if streaming else ds
+            if not any(f.is_file() for f in p.rglob("*")):
+                raise DataError(f"{p}: an empty directory (data.path); give a data file ({', '.join(sorted(_BUILDERS))}), "
+                                "a directory of them, or one written by Dataset.save_to_disk")
             return datasets.load_dataset(str(p), split=split, streaming=streaming)
         if p.suffix or str(path).startswith((".", "/", "~")):
             raise DataError(f"{p}: no such file or directory (data.path)")
-        return datasets.load_dataset(path, split=split, streaming=streaming)  # a Hub name
     except DataError:
         raise
     except (ValueError, OSError, ConnectionError, datasets.exceptions.DatasetsError) as err:
         raise _unreadable(path, err) from None
+    try:
+        return datasets.load_dataset(path, split=split, streaming=streaming)  # a Hub name
+    except (ValueError, OSError, ConnectionError, datasets.exceptions.DatasetsError) as err:
+        raise DataError(f"{path}: no such file or directory, and no Hub dataset of that name in the local cache "
+                        f"(data.path; {type(err).__name__}); give a local file or directory") from None
 
 
 def _unreadable(path: str, err: BaseException, row: int | None = None) -> DataError:

@@ -108,6 +108,15 @@ def test_file_that_is_not_parquet(bad_input, tmp_path):
     bad_input.cli(_train(tmp_path, path), "d.parquet", "cannot read it as a dataset")
 
 
+def test_empty_directory(bad_input, tmp_path):
+    (tmp_path / "data").mkdir()
+    bad_input.cli(_train(tmp_path, str(tmp_path / "data")), "data.path", "an empty directory")
+
+
+def test_hub_name_not_in_the_cache(bad_input, tmp_path):
+    bad_input.cli(_train(tmp_path, "someone/no-such-dataset"), "data.path", "no Hub dataset of that name in the local cache")
+
+
 def test_missing_answer_column(bad_input, tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "solution": "4"}] * 3)
     bad_input.cli(_train(tmp_path, path, "data.answer_key=gold"), "'gold'", "set data.answer_key", "row 0")

@@ -149,3 +149,15 @@ def test_judge_settings(bad_input, tmp_path, models, kwargs, field, fragment):
         paths["reward"] = models.reward
     component = "{name: exact_match}, {name: judge, weight: 0.5, kwargs: " + kwargs.format(**paths) + "}"
     bad_input.cli(_reward(tmp_path, component), field, fragment, "reward.components[1] (judge)")
+
+
+def test_multi_turn_render_with_a_template_that_refuses_a_role(bad_input, models):
+    """Environments render conversations through tether.policy.chat.render_chat: the template's own
+    raise_exception is a TemplateError (exit 2), not jinja2's exception (an internal error)."""
+    from transformers import AutoTokenizer
+
+    from tether.policy.chat import TemplateError, render_chat
+
+    tok = AutoTokenizer.from_pretrained(models.strict)
+    bad_input.call(render_chat, tok, [{"role": "system", "content": "tools: calc"}, {"role": "user", "content": "1+1"}],
+                   field="chat template", fragments=["System role not supported"], exc=TemplateError)

@@ -24,6 +24,7 @@ def _load_loop():
 
 @pytest.mark.slow
 def test_the_cookbook_rl_loop_trains_through_the_service(tmp_path, monkeypatch):
+    pytest.importorskip("tinker", reason="pip install -e '.[tinker]' (make test installs it)")
     from tether.config import load_config
     from tether.recipes.sft import run_sft
     from tether.serve.tinker import TinkerService, TinkerSettings

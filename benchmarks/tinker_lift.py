@@ -60,8 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def cold_start(args: argparse.Namespace, rd: Path) -> tuple[Path, list[dict], list[dict], float]:
-    """configs/reverse.yaml's SFT with tether -> (model directory, train rows, held-out rows, seconds)."""
+def cold_start(args: argparse.Namespace, rd: Path) -> tuple[Path, list[dict], list[dict], float | None]:
+    """configs/reverse.yaml's SFT with tether -> (model directory, train rows, held-out rows, seconds);
+    an SFT model already in the run directory (same command, earlier run) is reused (seconds None)."""
     from tether.config import load_config
     from tether.recipes.sft import run_sft
     from tether.train.setup import setup_problems
@@ -70,13 +71,15 @@ def cold_start(args: argparse.Namespace, rd: Path) -> tuple[Path, list[dict], li
                                                       "checkpoint.every=0", f"run.threads={args.threads}"])
     t0 = time.perf_counter()
     out = rd / "sft-model"
-    if not (out / "config.json").is_file() or args.fresh:  # the cold start is reused across measurements
+    seconds = None  # None: the cold start of an earlier run in this directory was reused
+    if not (out / "config.json").is_file() or args.fresh:
         policy, _ = run_sft(cfg, rd / "sft", overwrite=True)
         policy.model.save_pretrained(str(out), safe_serialization=True)
         policy.tokenizer.save_pretrained(str(out))
-    train, held_out = setup_problems(cfg)
+        seconds = time.perf_counter() - t0
+    train, held_out = setup_problems(cfg.data)
     return out, [{"prompt": p["prompt"], "answer": p["answer"]} for p in train], \
-        [{"prompt": p["prompt"], "answer": p["answer"]} for p in held_out], time.perf_counter() - t0
+        [{"prompt": p["prompt"], "answer": p["answer"]} for p in held_out], seconds
 
 
 def start_service(model_dir: Path, rd: Path, threads: int) -> tuple[subprocess.Popen, str]:
@@ -177,7 +180,8 @@ def measure(args: argparse.Namespace) -> dict:
         "greedy_before": before["greedy"], "greedy_after": after["greedy"],
         "train_reward_first_last_5": [sum(rewards[:5]) / max(len(rewards[:5]), 1), sum(rewards[-5:]) / max(len(rewards[-5:]), 1)],
         "loop_wall_seconds": t_loop, "service_cpu_seconds": service_cpu, "loop_cpu_seconds": loop_cpu,
-        "sft_wall_seconds": t_sft, "threads": args.threads, "meets_issue_42": bool(lift >= 10 and t_loop <= 900),
+        "sft_wall_seconds": t_sft, "cold_start": "made by this run" if t_sft is not None else
+        f"reused: {rd / 'sft-model'} (made by an earlier run of this command; --fresh redoes it)", "threads": args.threads, "meets_issue_42": bool(lift >= 10 and t_loop <= 900),
         "cpus": os.cpu_count(), "cpu": cpu_info(), "load_average_at_start": load_start, "load_average_at_end": load_end,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
         "note": "wall times on a machine shared with other jobs are upper bounds; the load averages and CPU seconds say "

@@ -46,7 +46,7 @@ class Cause:
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
-          {"grad_spike": 3, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
+          {"grad_spike": 3, "kl_explosion": 1.5, "kl_explosion:spike": 2.5, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
            "progress:fast": 4, "param_drift": 0.5},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
@@ -56,7 +56,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
           "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
     Cause("entropy_collapse", "optimisation", "exploration collapsed (temperature too low, entropy penalty)",
-          {"entropy_collapse": 3, "no_signal": 0.5, "length:collapse": 0.3},
+          # a lower sampling temperature scales every logit change by 1/T: the per-update KL stays up while
+          # the weights move as usual (no spike, no fast progress)
+          {"entropy_collapse": 3, "no_signal": 0.5, "length:collapse": 0.3, "kl_explosion:sustained": 1},
           ("raise_temperature",), "raise rollout temperature, clip-higher, Clip-Cov/KL-Cov, an entropy bonus",
           quiet=_UPDATE_INTERNALS + ("duplicates",)),
     Cause("entropy_explosion", "optimisation", "entropy blow-up (entropy bonus / clip-higher too permissive)",
@@ -119,7 +121,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 2, "accuracy_drop": 1, "no_signal": 0.3},
           ("halt",), "inspect samples/step_*.jsonl.gz: prompts and gold answers",
           quiet=_UPDATE_INTERNALS + ("progress:stalled", "answer_leak")),
-    Cause("answer_leakage", "data", "the prompts carry their gold answers", {"answer_leak": 6}, ("halt",),
+    Cause("answer_leakage", "data", "the prompts carry their gold answers",
+          {"answer_leak": 6, "data_shift:prompt": 1}, ("halt",),  # the leaked answer lengthens the prompts
           "the prompt template must not include the target field; check the data preparation's columns"),
     Cause("data_repetition", "data", "the data loader repeats the same problems",
           # the repeated problems can also meet themselves among the fresh ones of a step

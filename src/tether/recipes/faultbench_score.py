@@ -23,8 +23,9 @@ what is scored. Scores (results.json):
   remediation_success_plain_ref    the same against the plain base run's healthy control
   salvage_rate                     the same, counting runs halted at their last healthy weights
   harm_rate                        auto runs (faulty and healthy) ending > delta below advise
-  tuned / held_out                 recall, diagnosis, unexplained and calibration of each half of the
-                                   fixed split (tether.health.faults.split), reported side by side
+  tuned / held_out                 recall, diagnosis, unexplained, calibration, remediation and harm
+                                   (of its faulty auto runs) of each half of the fixed split
+                                   (tether.health.faults.split), reported side by side
 """
 
 from __future__ import annotations
@@ -174,6 +175,13 @@ def _split_scores(judged: list[tuple[str, str, bool, dict | None]]) -> dict[str,
     }
 
 
+def _auto_scores(half: dict[str, list[bool]] | None) -> dict[str, Any]:
+    """Remediation and harm of one half's faulty auto runs."""
+    rep, harm = (half or {}).get("repaired", []), (half or {}).get("harmed", [])
+    return {"remediation_success": _rate(rep), "remediation_cases": len(rep), "harm_rate": _rate(harm),
+            "harm_cases": len(harm)}
+
+
 def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
     """The benchmark's scores from its run records (`registry`: fault name -> class)."""
     from tether.health.faults.split import split_of
@@ -190,6 +198,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
     faulty = [r for r in ok if r["case"]["fault"] is not None and r["case"]["mode"] == "advise"]
     rows, judged, delays = {}, [], []
     repair, salvage, harm, repair_plain = [], [], [], []
+    halves: dict[str, dict[str, list[bool]]] = {}  # split -> repaired / harmed of its auto runs
     for r in faulty:
         c = r["case"]
         cls = registry.get(c["fault"])
@@ -224,12 +233,15 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
             harmed = a < f - delta
             harm.append(harmed)
             row["harmed"].append(harmed)
+            half = halves.setdefault(split_of(c["fault"]), {"repaired": [], "harmed": []})
+            half["harmed"].append(harmed)
             completed = auto.get("halted") is None and not auto.get("crash")
             if cls and cls.remediable and healthy_ref is not None and healthy_ref - f >= delta:
                 recovered = a - f >= 0.5 * (healthy_ref - f)
                 repair.append(recovered and completed)  # repaired: ran to the end and recovered half the damage
                 salvage.append(recovered)  # halting at the last healthy weights counts here
                 row["repaired"].append(recovered and completed)
+                half["repaired"].append(recovered and completed)
             if cls and cls.remediable and plain_ref is not None and plain_ref - f >= delta:
                 repair_plain.append(a - f >= 0.5 * (plain_ref - f) and completed)
     for seed, r in h_auto.items():
@@ -248,8 +260,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         "halt_rate_faulty_auto": _rate([r.get("halted") is not None for r in ok if r["case"]["fault"] and r["case"]["mode"] == "auto"]),
         "harm_rate": _rate(harm), "harm_cases": len(harm), "delta": delta,
         "healthy_acc_mean": h_mean, "healthy_acc_std": statistics.stdev(h_scores) if len(h_scores) >= 2 else None,
-        "tuned": _split_scores([x for x in judged if x[0] == "tuned"]),
-        "held_out": _split_scores([x for x in judged if x[0] == "held_out"]),
+        **{h: {**_split_scores([x for x in judged if x[0] == h]), **_auto_scores(halves.get(h))} for h in ("tuned", "held_out")},
         "runs": len(ok), "errors": [r["id"] + ": " + r["error"] for r in records if "error" in r],
         "per_fault": _per_fault_table(rows),
     }

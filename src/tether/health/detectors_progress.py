@@ -26,7 +26,8 @@ update (`tether.train.probes`, `update/*`) or an invariant signal of the step
   healthy run's own steady growth).
 - `duplicates`: a group's samples are independent draws (`health/dup_groups_unlikely` above
   what independent sampling gives).
-- `answer_leak`: prompts carry their own gold answer far more often than another problem's.
+- `answer_leak`: prompts carry their own gold answer far more often than another problem's
+  (over the last two steps).
 
 Thresholds and why: docs/health/README.md ("Progress and invariant checks").
 """
@@ -200,13 +201,18 @@ class DuplicatesDetector(Detector):
 
 @register_detector
 class AnswerLeakDetector(Detector):
-    """Prompts that carry their own gold answer."""
+    """Prompts that carry their own gold answer: over the last two steps' prompts (64 on faultbench,
+    where one step's own/chance fractions of healthy runs wander up to 0.53/0.375 above chance and two
+    steps' up to 0.44/0.29), at least `own` of them hold their own answer and `margin` more than hold
+    another problem's. An invariant of the data (at once, no persistence): a leaked template shows in
+    the first two steps it is in force, before the damage it does to the data statistics is named."""
 
     name, mode, needs_baseline = "answer_leak", "data", False
-    defaults = {"own": 0.6, "margin": 0.4}
+    defaults = {"own": 0.55, "margin": 0.4}
+    persist = 1
 
     def evaluate(self, h: History, ctx: RunContext):
-        own, chance = finite(h.latest("health/answer_in_prompt")), finite(h.latest("health/answer_in_prompt_chance"))
+        own, chance = _recent_mean(h, "health/answer_in_prompt", 2), _recent_mean(h, "health/answer_in_prompt_chance", 2)
         if own is None or chance is None or own < self.p["own"] or own - chance < self.p["margin"]:
             return OK
         return 1, (f"{own:.0%} of the prompts contain their own gold answer ({chance:.0%} another problem's): the "

@@ -7,6 +7,7 @@ importing the recipe.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,8 +61,10 @@ def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], d
         groups, m = rollout.run(st.policy, problems, r.n, sampling, st.generator)  # after the sampler seam
         # the weights that sampled, and their version (health: stale sync); after the rollout, so an
         # in-flight update adopted mid-generation (dist.inflight) is the version fingerprinted
+        t_fp = time.perf_counter()
         m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))
         m["rollout/buffers_fp"] = compute_buffers_fingerprint(getattr(st.policy, "model", None))  # non-parameter state
+        m["time/fingerprint"] = time.perf_counter() - t_fp  # the health layer's cost here (benchmarks/health_overhead.py)
         m["rollout/weights_fp_version"] = float(getattr(st.policy, "version", float("nan")))
         groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
         if i == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -18,9 +19,24 @@ def _check_dirs(paths: List[Path]) -> None:
             fail(f"{p}: not a directory")
 
 
-def run_plan_command(target: Path, overrides: List[str], budget: float, unit: str, pilot_problems: int,
-                     pilot_samples: int, min_steps: int, pilot_file: Optional[Path], save_pilot: Optional[Path]):
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `tether plan` was asked: the budget in `unit`, the pilot's size (or a saved pilot), the
+    update steps the plan protects first, and where to save the pilot."""
+
+    budget: float
+    unit: str = "rollouts"
+    pilot_problems: int = 64
+    pilot_samples: int = 16
+    min_steps: int = 100
+    pilot_file: Optional[Path] = None
+    save_pilot: Optional[Path] = None
+
+
+def run_plan_command(target: Path, overrides: List[str], req: PlanRequest):
     """Pilot (or a saved one) -> Plan. Returns (plan, pilot)."""
+    budget, unit, pilot_problems, pilot_samples = req.budget, req.unit, req.pilot_problems, req.pilot_samples
+    min_steps, pilot_file, save_pilot = req.min_steps, req.pilot_file, req.save_pilot
     from tether.plan.pilot import PilotResult, run_pilot
     from tether.plan.planner import PlanConstraints, recommend_allocation
 
@@ -71,8 +87,8 @@ def register(app: typer.Typer) -> None:
         if budget <= 0 or pilot_samples < 2 or pilot_problems < 1 or min_steps < 1:
             fail("--budget > 0, --pilot-samples >= 2, --pilot-problems >= 1 and --min-steps >= 1 are required")
         try:
-            p, pilot = run_plan_command(target, overrides or [], budget, unit, pilot_problems, pilot_samples, min_steps,
-                                        pilot_file, save_pilot)
+            req = PlanRequest(budget, unit, pilot_problems, pilot_samples, min_steps, pilot_file, save_pilot)
+            p, pilot = run_plan_command(target, overrides or [], req)
         except known_errors() as err:
             fail(str(err), 1)
         except (ValueError, KeyError) as err:
@@ -110,7 +126,7 @@ def _register_reports(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the fit report as JSON"),
     ) -> None:
         """Fit accuracy/reward vs compute: ScaleRL sigmoid and power law, with uncertainty and extrapolation."""
-        from tether.plan.scaling import format_fit_report, run_fit
+        from tether.plan.scaling import FitOptions, format_fit_report, run_fit
 
         _check_dirs(run_dirs)
         if unit not in ("rollouts", "tokens", "steps", "seconds"):
@@ -119,8 +135,8 @@ def _register_reports(app: typer.Typer) -> None:
             fail("--extrapolate must be >= 1")
         out_dir = out or (run_dirs[0] if len(run_dirs) == 1 else Path("tether-fit"))
         try:
-            rep = run_fit(run_dirs, metric, unit, law, final_only, extrapolate, bootstrap, free_r0, smooth,
-                          plot_path=out_dir / "plots" / "scaling_fit.png")
+            opts = FitOptions(metric, unit, tuple(law), final_only, extrapolate, bootstrap, free_r0, smooth)
+            rep = run_fit(run_dirs, opts, plot_path=out_dir / "plots" / "scaling_fit.png")
         except (ValueError, FileNotFoundError) as err:
             fail(str(err), 1)
         (out_dir / "scaling_fit.json").write_text(json.dumps(rep, indent=2, default=float))

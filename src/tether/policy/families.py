@@ -195,11 +195,25 @@ def build_family_tokenizer(family: str, corpus: Iterable[str], vocab_size: int =
     return fast
 
 
-def build_family_model(family: str, out_dir: str | Path, corpus: Iterable[str] = (), vocab_size: int = 400,
-                       hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                       intermediate_size: int = 128, max_positions: int = 1024, seed: int = 0) -> Path:
-    """Build, randomly initialise and `save_pretrained` a tiny model of `family` with its
+@dataclass(frozen=True)
+class ModelShape:
+    """The size of a tiny family model: target vocabulary, widths, depth, attention heads, context."""
+
+    vocab_size: int = 400
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    max_positions: int = 1024
+
+
+def build_family_model(family: str, out_dir: str | Path, corpus: Iterable[str] = (), shape: ModelShape = ModelShape(),
+                       seed: int = 0) -> Path:
+    """Build, randomly initialise and `save_pretrained` a tiny model of `family` (of `shape`) with its
     tokenizer into `out_dir`; returns the directory (load it with `from_pretrained`)."""
+    vocab_size, hidden_size, num_layers, num_heads = shape.vocab_size, shape.hidden_size, shape.num_layers, shape.num_heads
+    num_kv_heads, intermediate_size, max_positions = shape.num_kv_heads, shape.intermediate_size, shape.max_positions
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig

@@ -41,7 +41,7 @@ from tether.policy.lora import is_adapter_dir
 from tether.policy.reference import reset_reference
 from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
 from tether.rewards.live import set_policy as set_live_policy
-from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
+from tether.rollout import collect_groups, compute_greedy_baseline, compute_tokenizer_corpus, make_rollout
 from tether.settings import RunSettings
 from tether.train.batch import make_train_batch
 from tether.train.loop import do_log_settings, graceful_interrupt, progress_bar
@@ -155,7 +155,7 @@ def _start(cfg: TetherConfig, rd: RunDir, ckpt: Path | None, policy: HFPolicy | 
         policy = load_resume_policy(cfg.model, ckpt)  # a full HF model + tokenizer, or (LoRA) base + adapter slots
     elif policy is not None and cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
         attach_lora(policy, cfg.model.lora, rd.root / "base_model")
-    policy = policy or setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
+    policy = policy or setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     rollout = make_rollout(cfg)  # prompts past the context: skipped and counted, or refused (data.on_overlong)
     train = rollout.fit_problems(train, policy, cfg, "training")
     held_out = rollout.fit_problems(held_out, policy, cfg, "held-out")

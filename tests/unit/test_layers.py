@@ -102,3 +102,28 @@ def test_no_module_outside_the_data_registry_tests_the_data_source():
                 if any(isinstance(v, str) and SOURCE_NAMES.match(v) for v in names):
                     found.append(f"{rel}:{node.lineno}")
     assert found == []
+
+
+# docs/design.md, "Layout and layer order": the numeric kernels and the declarations of user settings
+MORE_THAN_8 = {
+    "policy/lean_train.py::layer_forward", "policy/lean_train.py::stack_forward", "policy/decode.py::step_math",
+    "policy/attention.py::tether_attention", "policy/prefix.py::compute_logprobs_shared",
+    "policy/prefix.py::compute_sequence_logprobs", "policy/prefix.py::_hf_hidden", "policy/prefix.py::_lean_hidden",
+    "policy/scoring.py::compute_logprobs", "policy/kv_reuse.py::save_rows", "train/update.py::compute_microbatch_loss",
+    "commands/health.py::faultbench", "commands/analysis.py::plan", "commands/analysis.py::fit",
+    "commands/sweep.py::sweep", "commands/tinker.py::serve_tinker", "rewards/judge.py::judge",
+}
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    return len(names) - (names[:1] in (["self"], ["cls"])) + bool(a.vararg) + bool(a.kwarg)
+
+
+def test_no_function_takes_more_than_8_parameters_but_the_documented():
+    over = {f"{rel}::{node.name}" for rel, tree in _modules(()) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > 8}
+    assert over <= MORE_THAN_8, sorted(over - MORE_THAN_8)
+    design = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    assert all(name.split("::")[1] in design for name in MORE_THAN_8)

@@ -67,7 +67,7 @@ def faultbench(
     extra: Optional[List[str]] = typer.Option(None, "--set", help="config overrides of the base run (key=value)"),
 ) -> None:
     """Inject faults into small RL runs and score detection, diagnosis and repair."""
-    from tether.recipes.faultbench import format_results, run_bench
+    from tether.recipes.faultbench import BenchPlan, format_results, run_bench
     from tether.health.faults import load_fault_plugins
 
     registry = load_fault_plugins()
@@ -93,7 +93,7 @@ def faultbench(
     if smoke:
         kw.update(SMOKE)
     _check_faults(kw["faults"] or [])
-    res = run_bench(out, workers=workers, extra=list(extra or []), progress=typer.echo, **kw)
+    res = run_bench(out, BenchPlan(**kw), workers=workers, extra=list(extra or []), progress=typer.echo)
     typer.echo("")
     typer.echo(format_results(res))
     typer.echo(f"\nwrote {out / 'results.json'}")

@@ -24,7 +24,7 @@ import typer
 
 from tether.commands.common import (
     CONFIG_ARG, OVERRIDES_ARG, OVERWRITE_OPT, RESUME_OPT, RUN_DIR_OPT, OneLineErrors, default_run_dir, fail, fail_on,
-    fail_run, known_errors, load_config_or_fail, offline_env, print_summary,
+    fail_run, known_errors, offline_env, print_summary, run_in_dir, start_command,
 )
 
 app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -39,28 +39,24 @@ def _options(debug: bool = typer.Option(False, "--debug", help="show the full tr
 def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool,
                 overwrite: bool = False) -> None:
     """Shared body of `train` and `sft`: validate, pick the run dir, run, summarise."""
-    offline_env()
-    cfg = load_config_or_fail(config, overrides)
+    cfg = start_command(config, overrides)
     if resume and run_dir is None:
         fail("--resume needs --run-dir DIR (the run to continue)")
     rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
-    typer.echo(f"run directory: {rd}")
-    existed = rd.exists()
-    from tether.preflight import check_run_inputs
 
-    check_run_inputs(cfg, rd, kind)  # bad paths, data, tokenizer: one line before a model is built
-    try:
+    def body() -> dict:
+        from tether.preflight import check_run_inputs
+
+        check_run_inputs(cfg, rd, kind)  # bad paths, data, tokenizer: one line before a model is built
         if kind == "sft":
             from tether.recipes.sft import run_sft
 
-            _, summary = run_sft(cfg, rd, resume=resume, overwrite=overwrite)
-        else:
-            from tether.recipes.rl import run_rl
+            return run_sft(cfg, rd, resume=resume, overwrite=overwrite)[1]
+        from tether.recipes.rl import run_rl
 
-            summary = run_rl(cfg, rd, resume=resume, overwrite=overwrite)
-    except known_errors() as err:
-        fail_run(rd, existed, err)
-    print_summary(summary)
+        return run_rl(cfg, rd, resume=resume, overwrite=overwrite)
+
+    run_in_dir(rd, body)
     typer.echo(f"run directory: {rd}")
 
 

@@ -24,13 +24,12 @@ def register(app: typer.Typer) -> None:
         """The config's pipeline.stages (sft, rl, rs_sft, dpo, distill, merge, eval), each stage's model
         handed to the next; without stages: SFT on the task's demonstrations, then RL. summary.json
         holds held-out metrics after every stage."""
-        from tether.commands.common import fail_run, known_errors, load_config_or_fail, offline_env, print_summary
+        from tether.commands.common import run_in_dir, start_command
         from tether.config import ConfigError
         from tether.recipes.multistage import plan_stages
         from tether.recipes.pipeline import run_pipeline
 
-        offline_env()
-        cfg = load_config_or_fail(config, overrides or [])
+        cfg = start_command(config, overrides)
         if resume and run_dir is None:
             fail("--resume needs --run-dir DIR (the pipeline to continue)", 2)
         try:
@@ -38,13 +37,7 @@ def register(app: typer.Typer) -> None:
         except ConfigError as err:
             fail(str(err), 2)
         rd = run_dir or default_run_dir(cfg.run.name)
-        typer.echo(f"run directory: {rd}")
-        existed = rd.exists()
-        try:
-            summary = run_pipeline(cfg, rd, resume=resume, overwrite=overwrite)
-        except known_errors() as err:
-            fail_run(rd, existed, err)
-        print_summary(summary)
+        run_in_dir(rd, lambda: run_pipeline(cfg, rd, resume=resume, overwrite=overwrite))
 
     @app.command("compare-context")
     def compare_context(
@@ -56,12 +49,11 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir"),
     ) -> None:
         """Agent-R1's comparison: the same pipeline per context builder; prints the ordering found."""
-        from tether.commands.common import fail_run, known_errors, load_config_or_fail, offline_env
+        from tether.commands.common import fail_run, known_errors, start_command
         from tether.envs.context import CONTEXT_BUILDERS
         from tether.recipes.pipeline import run_context_comparison
 
-        offline_env()
-        cfg = load_config_or_fail(config, overrides or [])
+        cfg = start_command(config, overrides)
         names = [b.strip() for b in builders.split(",") if b.strip()]
         unknown = [b for b in names if b not in CONTEXT_BUILDERS]
         if unknown or not names:

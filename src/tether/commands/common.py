@@ -11,7 +11,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -141,6 +141,25 @@ OVERWRITE_OPT = typer.Option(False, "--overwrite", help="replace (delete) an exi
                              "(or --resume) an existing run is refused")
 
 
+def start_command(config: Optional[Path], overrides: Optional[List[str]]) -> Any:
+    """A command's opening: no hub access, then the validated config (or a one-line error, exit 2)."""
+    offline_env()
+    return load_config_or_fail(config, list(overrides or []))
+
+
+def run_in_dir(rd: Path, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run `body()` writing into the run directory `rd` (named first): on a known error, a directory it
+    created for nothing goes and the command fails with one line; else its summary is printed."""
+    typer.echo(f"run directory: {rd}")
+    existed = rd.exists()
+    try:
+        summary = body()
+    except known_errors() as err:
+        fail_run(rd, existed, err)
+    print_summary(summary)
+    return summary
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """A run's summary.json, its top-level numbers one per line."""
     keys = [k for k in summary if not isinstance(summary[k], dict)]
@@ -152,5 +171,5 @@ def print_summary(summary: dict[str, Any]) -> None:
 __all__ = [
     "CONFIG_ARG", "OVERRIDES_ARG", "OVERWRITE_OPT", "RESUME_OPT", "RUN_DIR_OPT", "OneLineErrors", "default_run_dir",
     "describe_error", "fail", "fail_on", "fail_run", "known_errors", "load_config_or_fail", "offline_env",
-    "print_summary", "run_failures",
+    "print_summary", "run_failures", "run_in_dir", "start_command",
 ]

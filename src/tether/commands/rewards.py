@@ -19,16 +19,9 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir"),
     ) -> None:
         """Train a reward model on preference pairs; held-out pair accuracy -> summary.json, model -> final_model/."""
-        from tether.commands.common import fail_run, known_errors, load_config_or_fail, offline_env, print_summary
+        from tether.commands.common import run_in_dir, start_command
         from tether.recipes.rm import run_rm
 
-        offline_env()
-        cfg = load_config_or_fail(config, overrides or [])
+        cfg = start_command(config, overrides)
         rd = run_dir or default_run_dir(f"{cfg.run.name}-rm")
-        typer.echo(f"run directory: {rd}")
-        existed = rd.exists()
-        try:
-            summary = run_rm(cfg, rd, overwrite=overwrite)
-        except known_errors() as err:
-            fail_run(rd, existed, err)
-        print_summary(summary)
+        run_in_dir(rd, lambda: run_rm(cfg, rd, overwrite=overwrite))

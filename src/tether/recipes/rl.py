@@ -53,11 +53,16 @@ from tether.train.update import UpdateContext, run_update
 from tether.types import TrainBatch, TrajectoryGroup
 
 
+def collect_train_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """This step's groups (tether.rollout.collect_groups), played by the run's rollout."""
+    return collect_groups(st, make_rollout(cfg), cfg.rollout, cfg.algo.dynamic_sampling)
+
+
 def build_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
     """This step's train batch (tether.train.batch) from the config's sections; ReMax's greedy
     baseline plays the run's own rollout (tether.rollout)."""
-    return make_train_batch(st, groups, cfg.algo, cfg.rollout.sampling, cfg.reward, cfg.train,
-                            greedy_baseline=lambda gs: compute_greedy_baseline(st.policy, cfg, gs))
+    baseline = lambda gs: compute_greedy_baseline(st.policy, make_rollout(cfg), cfg.rollout.sampling, gs)  # noqa: E731
+    return make_train_batch(st, groups, cfg.algo, cfg.rollout.sampling, cfg.reward, cfg.train, greedy_baseline=baseline)
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ class RLVariant:
     -> (batch, metrics)`; recipes/distill.py), its kind, and run-settings changes it puts in force
     from the start (`(path, value)`; recipes/rl_async.py: the staleness the health layer allows)."""
 
-    collect: Callable[..., tuple[list[TrajectoryGroup], dict[str, float]]] = collect_groups
+    collect: Callable[..., tuple[list[TrajectoryGroup], dict[str, float]]] = collect_train_groups
     build: Callable[..., tuple[TrainBatch, dict[str, float]]] = build_train_batch
     kind: str = "rl"
     settings: tuple[tuple[str, Any], ...] = ()
@@ -233,4 +238,4 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     return summary
 
 
-__all__ = ["RLState", "RLVariant", "build_train_batch", "dump_config", "run_rl", "run_rl_step"]
+__all__ = ["RLState", "RLVariant", "build_train_batch", "collect_train_groups", "dump_config", "run_rl", "run_rl_step"]

@@ -15,7 +15,7 @@ from tether.envs.base import compute_corpus_text
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.policy import lean_train
 from tether.policy.chat import is_prefix_preserving, render_chat
-from tether.policy.families import FAMILIES, ModelShape, build_family_model, format_tool_call
+from tether.policy.families import FAMILIES, build_family_model, family_shape, format_tool_call
 from tether.policy.hf import load_policy
 from tether.tasks import make_problems
 from tether.types import Sample, StopReason
@@ -29,8 +29,8 @@ def family_dirs(tmp_path_factory):
     corpus = [compute_corpus_text(p) for p in problems]
     corpus += [format_tool_call(f, "calculator", {"expression": s}) for p in problems for s in p["steps"] for f in FAMILIES]
     root = tmp_path_factory.mktemp("families")
-    return {f: build_family_model(f, root / f, corpus, ModelShape(vocab_size=420, hidden_size=32, num_heads=4,
-                                                                      num_kv_heads=2, intermediate_size=64)) for f in FAMILIES}
+    return {f: build_family_model(f, root / f, corpus, family_shape(vocab_size=420, hidden_size=32, num_heads=4,
+                                                                        intermediate_size=64), num_kv_heads=2) for f in FAMILIES}
 
 
 class Scripted:

@@ -24,18 +24,19 @@ def register(app: typer.Typer) -> None:
         """The config's pipeline.stages (sft, rl, rs_sft, dpo, distill, merge, eval), each stage's model
         handed to the next; without stages: SFT on the task's demonstrations, then RL. summary.json
         holds held-out metrics after every stage."""
-        from tether.commands.common import run_in_dir, start_command
-        from tether.config import ConfigError
+        from tether.commands.common import fail_on, run_in_dir, start_command
+        from tether.errors import UserError
+        from tether.preflight_stages import check_pipeline_inputs
         from tether.recipes.multistage import plan_stages
         from tether.recipes.pipeline import run_pipeline
 
         cfg = start_command(config, overrides)
         if resume and run_dir is None:
             fail("--resume needs --run-dir DIR (the pipeline to continue)", 2)
-        try:
-            plan_stages(cfg)  # stage overrides and model references, before anything runs
-        except ConfigError as err:
-            fail(str(err), 2)
+        try:  # stage overrides and model references, then every stage's inputs, before anything runs
+            check_pipeline_inputs(cfg, plan_stages(cfg))
+        except UserError as err:
+            fail_on(err)  # one line, exit 2 (the traceback under --debug)
         rd = run_dir or default_run_dir(cfg.run.name)
         run_in_dir(rd, lambda: run_pipeline(cfg, rd, resume=resume, overwrite=overwrite))
 

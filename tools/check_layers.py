@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("eval",),
     ("dist",),
     ("config",),
-    ("preflight", "preflight_models", "config_fit", "runs"),
+    ("preflight", "preflight_stages", "config_fit", "runs"),
     ("recipes",),
     ("sweep_prepare", "sweep", "report", "show", "plan"),
     ("commands",),

@@ -111,8 +111,8 @@ def compute_microbatch_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar loss of one micro-batch (already divided by the mini-batch's global norm).
     `inert` ([B] bool, `inert_mask`): rows run without gradients (the loss's gradient is the same)."""
-    terms, metrics = compute_loss_terms(policy, mb, norm, algo, temperature, old_logp_BT, ref_logp_BT, critic, pack,
-                                        share, inert)
+    terms, metrics = compute_loss_terms(policy, mb, norm, algo, temperature,
+                                        LossInputs(old_logp_BT, ref_logp_BT, critic, pack, share, inert))
     return compose_loss(terms, algo, kl_coef), metrics
 
 
@@ -126,22 +126,26 @@ def compose_loss(terms: dict[str, torch.Tensor], algo: AlgoConfig, kl_coef: floa
     return loss
 
 
-def compute_loss_terms(
-    policy: HFPolicy,
-    mb: TrainBatch,
-    norm: AggNorm,
-    algo: AlgoConfig,
-    temperature: float,
-    old_logp_BT: torch.Tensor | None,
-    ref_logp_BT: torch.Tensor | None,
-    critic: ValueModel | None = None,
-    pack: bool = False,
-    share: str = "off",
-    inert: torch.Tensor | None = None,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+@dataclass(frozen=True)
+class LossInputs:
+    """What one micro-batch's loss reads besides the batch itself: pi_old's and the reference's
+    log-probs ([B, T] or None), the critic, the scoring options of `compute_batch_logprobs` and the
+    `inert` rows ([B] bool, `inert_mask`: run without gradients)."""
+
+    old_logp_BT: torch.Tensor | None
+    ref_logp_BT: torch.Tensor | None
+    critic: ValueModel | None = None
+    pack: bool = False
+    share: str = "off"
+    inert: torch.Tensor | None = None
+
+
+def compute_loss_terms(policy: HFPolicy, mb: TrainBatch, norm: AggNorm, algo: AlgoConfig, temperature: float,
+                       inp: LossInputs) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The aggregated loss terms of one micro-batch (`pg`, `entropy`, and `kl`, `value` when
     present) and its metrics; `compose_loss` adds them up (a fault seam sits in between)."""
-    logp, ent = _score(policy, mb, temperature, pack, share, inert)
+    old_logp_BT, ref_logp_BT, critic = inp.old_logp_BT, inp.ref_logp_BT, inp.critic
+    logp, ent = _score(policy, mb, temperature, inp.pack, inp.share, inp.inert)
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
     old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
@@ -364,8 +368,8 @@ def _run_minibatch(ctx: UpdateContext, batch: TrainBatch, mini_idx: torch.Tensor
         old = None if ps.old_all is None else ps.old_all[mini_idx[rows], :T]
         ref = None if ps.ref_all is None else ps.ref_all[mini_idx[rows], :T]
         inert = inert_mask(mb) if skip_here else None
-        terms, m = compute_loss_terms(ctx.policy, mb, norm, algo, ctx.temperature, old, ref, ctx.critic,
-                                      train.pack_sequences, train.share_prefix, inert)
+        terms, m = compute_loss_terms(ctx.policy, mb, norm, algo, ctx.temperature,
+                                      LossInputs(old, ref, ctx.critic, train.pack_sequences, train.share_prefix, inert))
         terms = faults.on_loss(terms, mb)  # seam: the micro-batch's loss terms
         if ctx.probes and ref is not None and state.kl_coef > 0:
             m["update/kl_live"] = float("kl" in terms and terms["kl"].requires_grad)

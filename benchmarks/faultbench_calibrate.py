@@ -1,7 +1,7 @@
 """Fit the diagnosis confidence (tether.health.diagnosis.CALIBRATION) on the tuned half of a
 fault benchmark, and print the reliability table before and after.
 
-    python benchmarks/faultbench_calibrate.py runs/fb_tuned [--out benchmarks/results/faultbench_calibration.json]
+    python benchmarks/faultbench_calibrate.py runs/fb_tuned [more dirs] [--out benchmarks/results/faultbench_calibration.json]
 
 For every detected advise run of a fault in the TUNED list (tether.health.faults.split), the
 diagnosis is replayed from the run's metrics.jsonl with the current detectors and diagnosis
@@ -62,18 +62,19 @@ def fit(points: list[tuple[dict, bool, str]], l2: float = 0.01) -> dict[str, flo
         return loss
 
     opt.step(closure)
+    w = w.detach()
     return {"bias": float(w[0]), **{k: float(v) for k, v in zip(FEATURES, w[1:])}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("bench", type=Path, help="a faultbench output directory (cases.jsonl, runs/)")
+    ap.add_argument("bench", type=Path, nargs="+", help="faultbench output directories (cases.jsonl, runs/)")
     ap.add_argument("--start", type=int, default=13, help="the benchmark's --start")
     ap.add_argument("--out", type=Path, default=None, help="write the fit and both tables here (JSON)")
     args = ap.parse_args()
-    points = collect(args.bench, args.start)
+    points = [p for bench in args.bench for p in collect(bench, args.start)]
     if len(points) < 10:
-        raise SystemExit(f"{args.bench}: {len(points)} detected tuned runs; at least 10 are needed to fit")
+        raise SystemExit(f"{', '.join(map(str, args.bench))}: {len(points)} detected tuned runs; at least 10 are needed to fit")
     coef = fit(points)
     before = compute_reliability([(compute_confidence(p["fit"], p["share"], p["margin"], CALIBRATION), ok) for p, ok, _ in points])
     after = compute_reliability([(compute_confidence(p["fit"], p["share"], p["margin"], coef), ok) for p, ok, _ in points])
@@ -82,7 +83,7 @@ def main() -> None:
     for row in after["table"]:
         print(f"  {row['bin']}: {row['runs']:3d} runs, confidence {row['confidence']}, right {row['right']}")
     if args.out:
-        args.out.write_text(json.dumps({"bench": str(args.bench), "points": len(points), "coefficients": coef,
+        args.out.write_text(json.dumps({"bench": [str(b) for b in args.bench], "points": len(points), "coefficients": coef,
                                         "current": CALIBRATION, "reliability_current": before, "reliability_fit": after,
                                         "faults": sorted({f for *_, f in points}), "date": time.strftime("%Y-%m-%d")},
                                        indent=2) + "\n")

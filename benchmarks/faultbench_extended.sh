@@ -16,7 +16,7 @@
 # Arguments after the worker count go to `tether faultbench` after the ones above (a later --seeds wins),
 # e.g. a small trial: `bash benchmarks/faultbench_extended.sh 2 --fault mask_shift --seeds 0 --healthy-seeds 0`.
 # Resumable: the runs finished so far are kept in $OUT/cases.jsonl; run the same command again to continue.
-# Writes $OUT/results.json and benchmarks/results/faultbench_extended.json (the same plus provenance: commit,
+# Writes $OUT/results.json and faultbench_extended.json in benchmarks/results/ (the same plus provenance: commit,
 # CPU, load average, wall and CPU seconds; RESULT=path writes it elsewhere); `make results` then turns that file into docs/results.md's
 # "health-extended" section (tools/results_quality.py).
 set -euo pipefail

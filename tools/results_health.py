@@ -1,7 +1,7 @@
 """docs/results.md's section on the extended fault benchmark (issue 41): the tuned and held-out halves side
 by side, the reliability table of the stated diagnosis confidence, and what the layer cannot see yet.
 
-Reads benchmarks/results/faultbench_extended.json (written by benchmarks/faultbench_extended.sh); until
+Reads faultbench_extended.json in benchmarks/results/ (written by benchmarks/faultbench_extended.sh); until
 that file is committed the section says "not measured yet". docs/health/README.md links here.
 """
 

@@ -46,7 +46,7 @@ class Cause:
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
-          {"grad_spike": 3, "kl_explosion": 1.5, "kl_explosion:spike": 2.5, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
+          {"grad_spike": 3, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
            "progress:fast": 4, "param_drift": 0.5},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),

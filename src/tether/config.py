@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import PositiveInt, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tether.config_fit import do_fit_auto
 from tether.config_text import ConfigError, apply_overrides, format_validation_error, parse_override
 
 
@@ -377,10 +378,9 @@ class SandboxConfig(_Base):
 
 
 class HarnessConfig(_Base):
-    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.rollout.harness)."""
-
-    command: list[str] | None = Field(None, description="the agent program and its arguments, run once per episode "
-                                                        "with OPENAI_BASE_URL / OPENAI_API_KEY / TETHER_TASK set")
+    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.rollout.harness, agent_io)."""
+    command: list[str] | None = Field(None, description="the agent program + arguments (`python`: tether's interpreter)")
+    persistent: bool = Field(False, description="`concurrency` processes serve many episodes each (JSON lines in/out)")
     timeout_s: float = Field(300.0, gt=0, description="wall clock of one agent run")
     concurrency: int = Field(8, ge=1, description="agent programs running at once (their calls are batched)")
     host: str = Field("127.0.0.1", description="the endpoint's address; any non-loopback address needs `token`")
@@ -493,7 +493,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         source = str(p)
         data.setdefault("run", {}).setdefault("name", p.stem)
     data = apply_overrides(data, overrides or [])
-    return build_config(data, source)
+    return build_config(do_fit_auto(data, source), source)  # `auto` values follow the model and data (config_fit)
 
 
 def dump_config(cfg: TetherConfig) -> str:

@@ -41,6 +41,7 @@ from tether.policy.reference import reset_reference
 from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
 from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import collect_groups, make_rollout
+from tether.rollout.prompt_format import compute_harness_format, run_format_check
 from tether.train.batch import make_train_batch
 from tether.train.loop import graceful_interrupt, progress_bar
 from tether.train.setup import attach_lora, load_resume_policy, precision_summary, seed_run, setup_policy, setup_problems
@@ -119,6 +120,15 @@ def _starting_evals(st, cfg: TetherConfig, rd, held_out, sinks, resumed: bool) -
     return first_eval, evals[-1] if len(evals) > 1 else first_eval
 
 
+def _fit_problems(cfg: TetherConfig, rollout, policy: HFPolicy, train: list, held_out: list) -> tuple[list, list, dict]:
+    """(train, held-out, run record): the problems whose prompt fits, and the prompts skipped and the
+    prompt format (chat vs raw, warned when it differs from the model's own record) for summary.json."""
+    fitted = rollout.fit_problems(train, policy, cfg, "training"), rollout.fit_problems(held_out, policy, cfg, "held-out")
+    fmt = run_format_check(cfg, rollout, fitted[0], "this run")
+    fmt["prompts_skipped"] = {"training": len(train) - len(fitted[0]), "held_out": len(held_out) - len(fitted[1])}
+    return fitted[0], fitted[1], fmt
+
+
 @marks_phase("loop")
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
            collect=collect_groups, build=make_train_batch, kind: str = "rl", overwrite: bool = False) -> dict[str, Any]:
@@ -135,8 +145,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         attach_lora(policy, cfg, rd.root / "base_model")
     policy = policy or setup_policy(cfg, rd.root, train)
     rollout = make_rollout(cfg)  # prompts past the context: skipped and counted, or refused (data.on_overlong)
-    train = rollout.fit_problems(train, policy, cfg, "training")
-    held_out = rollout.fit_problems(held_out, policy, cfg, "held-out")
+    train, held_out, fmt = _fit_problems(cfg, rollout, policy, train, held_out)
     if cfg.model.gradient_checkpointing and not is_checkpointing(policy.model):  # a resumed or passed-in policy
         enable_checkpointing(policy.model)
     policy.model.train()
@@ -154,6 +163,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop and not stops_run(caps):
             metrics, groups = run_rl_step(st, cfg, collect, build)
+            metrics.update({"rollout/prompt_format_mismatch": 1.0} if "prompt_format_warning" in fmt else {})
             st.step += 1
             caps += (fired := apply_reward_caps(cfg, st.step))
             metrics.update(reward_cap_metrics(fired))
@@ -189,6 +199,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy") if last_eval is not first_eval or st.step == 0 else None,
         "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
         "reward_caps": caps,
+        **fmt, "prompt_format": fmt.get("prompt_format") or compute_harness_format(rows),  # chat or raw (the run record)
         "precision": precision_summary(cfg, policy),
         "compile": {"train": st.compile.train, "rollout": st.compile.rollout, "reason": st.compile.reason},
     }

@@ -62,9 +62,11 @@ def make_rollout(cfg: Any) -> Rollout:
     h = getattr(cfg, "harness", None)
     if h is not None and h.command:  # a black-box agent program against the rollout endpoint
         from tether.rollout.harness import HarnessRollout
+        from tether.rollout.prompt_format import read_trained_prompt_format
 
         return HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
-                              max_error_rate=cfg.env.max_error_rate)
+                              max_error_rate=cfg.env.max_error_rate, persistent=h.persistent,
+                              prompt_format=read_trained_prompt_format(cfg.model.path))
     if cfg.data.task == "verifiers":  # a verifiers Environment runs its own loop against the endpoint
         from tether.rollout.verifiers import make_verifiers_rollout
 

@@ -193,9 +193,8 @@ def do_fit_auto(data: dict[str, Any], source: str) -> dict[str, Any]:
         return data
     model_path = _get(data, "model.path")
     if not model_path:
-        raise ConfigError(f"{source}: model.path is not set: {', '.join(keys)} = auto follow your model, and this "
-                          "config trains your own model. Set model.path=<a local Hugging Face model directory> "
-                          "(docs/byo.md)")
+        raise ConfigError(f"{source}: model.path is not set: this config trains your own model ({', '.join(keys)}: "
+                          "auto, fitted to it); set model.path=<a local Hugging Face model directory> (docs/byo.md)")
     if not (Path(str(model_path)) / "config.json").is_file():
         raise ConfigError(f"model.path={model_path}: not a model directory (no config.json); it must hold "
                           "config.json, the weights and the tokenizer")

@@ -179,7 +179,7 @@ class AgentProcess:
                                      stderr=subprocess.PIPE, bufsize=0)
         self.lines = queue.Queue()  # a fresh queue: a dead process's late lines never answer a new episode
         threading.Thread(target=_pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
-        threading.Thread(target=_pump, args=(self.proc.stderr, self.stderr.append), daemon=True).start()
+        threading.Thread(target=_pump, args=(self.proc.stderr, self.stderr.append, False), daemon=True).start()
 
     def _tail(self) -> bytes:
         return b"".join(self.stderr)
@@ -243,11 +243,12 @@ def _parse_line(text: str) -> dict[str, Any]:
     return obj
 
 
-def _pump(stream, put) -> None:
-    """Lines of `stream` to `put`, then None at end of file (a reader thread per pipe)."""
+def _pump(stream, put, end: bool = True) -> None:
+    """Lines of `stream` to `put`, then (`end`) None at end of file (a reader thread per pipe)."""
     for line in iter(stream.readline, b""):
         put(line)
-    put(None)
+    if end:
+        put(None)
 
 
 class AgentPool:

@@ -17,7 +17,7 @@ nowhere. What counts as a reference (tests/unit/test_docs_links.py runs this):
   in that file, so a renamed test does not leave its citation behind.
 Files that runs and tools write into run directories (`config.yaml`, `summary.json`, ...) never carry
 a folder that starts at the repository, so they are not references; neither are a command's output
-(`--out benchmarks/results/x.json`), a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
+(`--out benchmarks/results/x.json`), a file the results page marks "(absent)", a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
 placeholder (`configs/NAME.yaml`). `ALLOWED` lists the few names that look like repository paths but
 are not (each with its reason).
 """
@@ -41,7 +41,7 @@ ALLOWED = {
 EXT = r"(?:md|py|yaml|yml|json|jsonl|toml|sh|txt|log)"
 PATH = re.compile(r"(?<![\w/.\-~$<{@*])((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*\." + EXT + r")(?![\w/(])")
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
-# `tests/x.py::test_name`, or `::test_name` after such a path earlier in the same file: the name must exist.
+# `path.py::name`, or `::name` after such a path earlier in the same file: the name must be defined there.
 PY_NAME = re.compile(r"(?:((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-]+\.py)|(?<![\w>)\]:]))::([A-Za-z_]\w*)")
 ANCHOR_ID = re.compile(r'<a\s+(?:id|name)="([^"]+)"')
 SCANNED = {".py", ".md", ".yaml", ".yml", ".toml", ".sh"}
@@ -173,7 +173,8 @@ class Checker:
                 bare = MD_LINK.sub("]", text) if p.suffix == ".md" else text  # link targets: checked below
                 for m in PATH.finditer(bare):
                     before = bare[:m.start(1)]
-                    if re.search(r"https?://\S*$", before) or OUTPUT_OR_COMMIT.search(before):
+                    if re.search(r"https?://\S*$", before) or OUTPUT_OR_COMMIT.search(before) \
+                            or bare[m.end(1):].startswith("` (absent)"):  # a result page's declared-absent file
                         continue
                     if not self.check_ref(m.group(1), f):
                         out.append(f"{f}:{line_no}: {m.group(1)}")

@@ -117,6 +117,41 @@ One seed, {date}, {cpu} with {cpus} cores, fp32; the load average went from {la0
 )
 
 
+# ---- a Tinker script against tether serve-tinker ------------------------------------------------------
+
+def read_tinker(d):
+    t = d["t"]
+    s = t["loop_settings"]
+    return {"before": f3(t["held_out_pass1_before"]), "after": f3(t["held_out_pass1_after"]),
+            "lift": f"{t['lift_points']:+.1f}", "gb": f3(t["greedy_before"]), "ga": f3(t["greedy_after"]),
+            "loop": mmss(t["loop_wall_seconds"]), "svc_cpu": f"{t['service_cpu_seconds']:.0f}",
+            "loop_cpu": f"{t['loop_cpu_seconds']:.0f}", "batches": s["batches"], "ppb": s["problems_per_batch"],
+            "spp": s["samples_per_problem"], "rank": s["lora_rank"], "problems": t["held_out_problems"],
+            "cpus": t["cpus"], "cpu": t["cpu"].get("model", "CPU") if isinstance(t["cpu"], dict) else t["cpu"],
+            "la0": loadavg(t["load_average_at_start"]), "la1": loadavg(t["load_average_at_end"]),
+            "date": t["date_utc"][:10]}
+
+
+TINKER = Entry(
+    key="tinker", title="A Tinker RL loop against `tether serve-tinker` (docs/tinker.md)",
+    sources={"t": R + "tinker_lift.json"},
+    command="python benchmarks/tinker_lift.py",
+    read=read_tinker,
+    text="""
+tinker-cookbook's RL loop (ported as benchmarks/tinker_rl_loop.py), unchanged but for the service's
+address, trains a LoRA adapter (rank {rank}) of a tiny model on the reverse task through the `tinker`
+SDK: {batches} batches of {ppb} problems × {spp} samples, after an SFT cold start on a weak teacher.
+
+| held-out pass@1 ({problems} problems) | greedy | the loop's wall time | CPU s: service / loop |
+|---|---|---|---|
+| {before} → **{after}** ({lift} points) | {gb} → {ga} | {loop} | {svc_cpu} / {loop_cpu} |
+
+One run, {date}, {cpu} with {cpus} cores; load average {la0} at the start and {la1} at the end
+(1/5/15 min), so the wall time is an upper bound.
+""",
+)
+
+
 # ---- training health ------------------------------------------------------------------------------
 
 def read_health(d):
@@ -199,6 +234,7 @@ def read_rm(d):
         "ver": f"{lifts(ver)[0]:+.1f}", "weak_flag": weak_avx["first_learned_reward_step"],
         "weak_fall": weak_avx["first_5pt_fall_step"], "weak_flag_bf16": weak_bf16["first_learned_reward_step"],
         "weak_fall_bf16": weak_bf16["first_5pt_fall_step"], "n80": len(r80),
+        "met": "reaches" if mean_se(lifts(r80))[0] >= 10 else "misses",
     }
 
 
@@ -225,8 +261,8 @@ pass@1 by the hidden verifier, mean ± s.e. over RL seeds (AVX2-only EPYC, fp32)
 | the verifier itself (one seed) | 80 | {ver} | | |
 | native-bf16 EPYC, bf16 autocast, its own RM ({nb_acc}) | 80 | {lnb} | | |
 
-The issue's +10 points is met by the mean, barely; the whole pipeline (the RM is most of it) took far
-longer than the 15 minutes asked for. A deliberately weak RM is flagged `learned_reward_exploited` by
+At 80 steps the mean {met} the issue's +10 points; the whole pipeline (the RM is most of it) took
+far longer than the 15 minutes the issue asked for. A deliberately weak RM is flagged `learned_reward_exploited` by
 `tether doctor` at step {weak_flag}, before held-out accuracy falls 5 points (step {weak_fall}; on the
 native-bf16 CPU step {weak_flag_bf16} and {weak_fall_bf16}). docs/rewards.md has every round.
 """,
@@ -260,8 +296,11 @@ def read_pipelines(d):
     dpo = _stage_rows(d["dpo"], ["sft", "dpo", "rl_after_dpo", "rl_alone"])
     dis = _stage_rows(d["distill"], ["base", "teacher", "distilled", "rl_alone"])
     h = ["after stage", "held-out pass@1 (mean ± s.e.)", "seeds 0 / 1 / 2"]
+    ex = d["r1"]["extra_tables"]
+    first, last = (ex[f"stages.{s}.heldout.eval/pass@1"][0]["values"] for s in ("base", "rl_final"))
+    up = sum(last[k] > first[k] for k in first)
     return {"r1": table(h, r1), "l2s": table(h + ["answer tokens"], l2s), "dpo": table(h, dpo), "distill": table(h, dis),
-            "r1_real": f"{q['measurement']['real_seconds']:.0f}", "r1_cpu": f"{q['cpu_seconds']:.0f}",
+            "r1_up": f"{up} of {len(first)}", "r1_real": f"{q['measurement']['real_seconds']:.0f}", "r1_cpu": f"{q['cpu_seconds']:.0f}",
             "dpo_diff": _diff(d["dpo"]), "distill_diff": _diff(d["distill"]), "l2s_diff": _diff(d["l2s"])}
 
 
@@ -279,7 +318,7 @@ PIPELINES = Entry(
 
 {r1}
 
-The seeds differ widely (seed 1 starts far higher); every seed rises over the stages.
+The seeds differ widely; {r1_up} seeds end above their weak base.
 
 **Kimi's long2short** (configs/long2short.yaml), from one long-answer start; RL with a length reward
 minus long RL: {l2s_diff}:
@@ -401,5 +440,5 @@ repeat their numbers; rerun the command and commit the summary to bring one here
 """,
 )
 
-ENTRIES = [DEMO, HARNESS, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
+ENTRIES = [DEMO, HARNESS, TINKER, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
 TAIL_ENTRIES = [NO_FILE]

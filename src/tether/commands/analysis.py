@@ -30,14 +30,15 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
         pilot = PilotResult.load(pilot_file)
     else:
         from tether.policy.hf import load_policy
-        from tether.train.setup import seed_run, setup_problems
         from tether.recipes.evaluate import resolve_target
+        from tether.train.setup import configure_process, seed_run, setup_problems
         from tether.rollout import make_rollout
 
         cfg, model_dir, _ = resolve_target(target, overrides)
         seed_run(cfg.run)
+        configure_process(cfg.sandbox, cfg.model)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
-        train, _ = setup_problems(cfg)
+        train, _ = setup_problems(cfg.data)
         pilot = run_pilot(policy, train, pilot_problems, pilot_samples, cfg.rollout.sampling, make_rollout(cfg),
                           seed=cfg.run.seed, model=str(model_dir))
     if save_pilot is not None:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import yaml
 
-from tether.config import ConfigError
+from tether.config_text import ConfigError
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import RunDir, do_append_jsonl, do_truncate_jsonl_after, make_run_dir, write_text_atomic
 
@@ -117,9 +117,9 @@ def _print(message: str) -> None:
 
 
 def do_truncate_outputs(rd: RunDir, step: int) -> None:
-    """Drop what a run wrote after `step` (step -1: everything): metrics and health rows, samples,
-    and, from step 0, the summary, plots and TensorBoard files."""
-    for path in (rd.metrics_path, rd.health_path):
+    """Drop what a run wrote after `step` (step -1: everything): metrics, health and settings rows,
+    samples, and, from step 0, the summary, plots and TensorBoard files."""
+    for path in (rd.metrics_path, rd.health_path, rd.settings_path):
         if step < 0:
             path.unlink(missing_ok=True)
         else:

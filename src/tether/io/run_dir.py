@@ -1,6 +1,6 @@
 """The run directory: the on-disk contract between a run, its report and external tools.
 
-Layout (DESIGN.md, "Run directory")::
+Layout (docs/resume.md)::
 
     runs/<name>/
       config.yaml                  resolved config (after overrides), written once at start
@@ -8,11 +8,12 @@ Layout (DESIGN.md, "Run directory")::
       samples/step_000001.jsonl.gz completions of one step (eval: eval_000001.jsonl.gz)
       checkpoints/                 step_000010/ ... + `latest` pointer (see checkpoint.py)
       health.jsonl                 one JSON object per health event
+      settings.jsonl               one JSON object per run-settings change (tether.settings: repairs, caps, faults)
       summary.json                 final/rolling summary, replaced atomically
       plots/                       PNGs (plots.py)
       tb/                          TensorBoard event files (sinks.py)
 
-Why the care with I/O (pitfalls.md items 14 and 20):
+Why the care with I/O (docs/design.md, correctness rules 14 and 20):
 
 * `metrics.jsonl` is appended, flushed and fsynced per step, so a crash loses at most the row
   being written; the reader skips such a truncated last line with a warning.
@@ -36,7 +37,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from tether.config import dump_config
+from tether.config_text import dump_config
 from tether.io.killpoints import do_kill_point
 
 METRICS_FILE = "metrics.jsonl"
@@ -68,6 +69,10 @@ class RunDir:
     @property
     def health_path(self) -> Path:
         return self.root / "health.jsonl"
+
+    @property
+    def settings_path(self) -> Path:
+        return self.root / "settings.jsonl"
 
     @property
     def summary_path(self) -> Path:
@@ -102,6 +107,11 @@ class RunDir:
         row, _ = sanitize_json(dict(record))
         do_append_jsonl(self.health_path, row)
 
+    def append_settings(self, event: Mapping[str, Any]) -> None:
+        """Append one run-settings change (`step`, `path`, `old`, `new`, `source`) to settings.jsonl."""
+        row, _ = sanitize_json(dict(event))
+        do_append_jsonl(self.settings_path, row)
+
     def read_metrics(self) -> list[dict[str, Any]]:
         """All rows of this run's metrics.jsonl ([] before the first step)."""
         return read_metrics(self.metrics_path) if self.metrics_path.exists() else []
@@ -115,7 +125,7 @@ class RunDir:
 
         Never overwrites: when the file exists (a resumed run re-doing a step, or a second
         eval at the same step) the new file gets a `-1`, `-2`, ... suffix. Use `kind="eval"`
-        for evaluation samples (pitfalls.md item 20: eval samples are kept, not thrown away).
+        for evaluation samples (docs/design.md, correctness rule 20: eval samples are kept, not thrown away).
         """
         if not kind or "/" in kind or kind.startswith("."):
             raise ValueError(f"write_samples: kind must be a plain file-name prefix, got {kind!r}")

@@ -14,7 +14,7 @@ from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import sanitize_json
 from tether.policy.hf import load_policy
 from tether.policy.lora import is_adapter_dir
-from tether.train.setup import seed_run, setup_problems
+from tether.train.setup import configure_process, seed_run, setup_problems
 from tether.rollout import make_rollout
 from tether.rollout.prompt_format import run_format_check
 
@@ -66,8 +66,9 @@ def run_eval_command(target: Path, overrides: list[str], out: Path | None = None
     """Evaluate and write eval.json (metrics, curves, what was evaluated); returns (metrics, path)."""
     cfg, model_dir, default_out = resolve_target(Path(target), overrides)
     seed_run(cfg.run)
+    configure_process(cfg.sandbox, cfg.model)
     policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
-    _, held_out = setup_problems(cfg)
+    _, held_out = setup_problems(cfg.data)
     extra: dict[str, Any] = {}
     rollout = make_rollout(cfg)  # the run's own rollout: single-turn samples or environment episodes
     fmt = run_format_check(cfg, rollout, held_out, "this evaluation", model_dir)  # chat vs raw (a warning)

@@ -5,7 +5,7 @@
 
 Every (completion, component) pair is one call. A call that raises is ERROR (message kept,
 truncated), one that runs past `reward.timeout_s` is TIMEOUT, one that returns None / NaN / inf /
-a non-number is INVALID. One bad sample never changes the others (pitfalls.md #6), and a
+a non-number is INVALID. One bad sample never changes the others (docs/design.md, correctness rule 6), and a
 *systematic* failure — more than `reward.max_error_rate` of the samples failed — raises
 `RewardFailure` naming the component and its first error, so the caller can stop the run with
 the cause instead of training on zeros.
@@ -37,7 +37,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
-from tether.config import RewardConfig
+from tether.rewards.config import RewardConfig
 from tether.rewards.base import NOT_RUN, CallResult, RewardFailure, is_batched, run_batched_call, run_reward_call
 from tether.rewards.compose import RewardSpec, build_reward_spec, compute_reward_metrics, compute_reward_result
 from tether.rewards.pool import Job, make_reward_pool

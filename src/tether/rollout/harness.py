@@ -12,7 +12,7 @@ answer is scored by the run's reward (`reward.components`) against the problem. 
 the episode's completions as tether sampled them (token ids and log-probs), so the agent never
 needs to return tokens. A program that exits non-zero, prints nothing or garbage, makes no call
 or runs past `harness.timeout_s` is an error outcome: counted, shown with its stderr tail and
-masked out of the update (docs/design.md, failures are values); more than `env.max_error_rate`
+masked out of the update (docs/design.md, correctness rule 6); more than `env.max_error_rate`
 of a call's episodes failing stops the run with the first error.
 
 The endpoint knows the prompt format the model was trained on (`tether.rollout.prompt_format`):
@@ -31,7 +31,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tether.config import RewardConfig, SamplingConfig
+from tether.policy.config import SamplingConfig
+from tether.rewards.config import RewardConfig
 from tether.rewards import run_rewards
 from tether.rollout.agent_io import MAX_OUTPUT_BYTES, AgentPool, EpisodeResult, parse_agent_output, run_agent
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup

@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tether.config import SamplingConfig
+from tether.policy.config import SamplingConfig
 from tether.envs.tools import parse_tool_calls
 from tether.errors import UserError
 from tether.policy.chat import Message, compute_context_ids

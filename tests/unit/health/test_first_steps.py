@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tether.health.doctor import examine, format_report
+from tether.config import load_doctor_config
+from tether.health.doctor import examine as _examine, format_report
 from tether.health.first_steps import find_first_step_findings
+
+
+def examine(run: Path) -> dict:
+    return _examine(run, load_doctor_config(run))
 
 
 def make_run(root: Path, rows: list[dict], config: dict | None = None, summary: dict | None = None,

@@ -1,4 +1,4 @@
-"""Settings that follow the model and the data (tether.config_fit, configs/byo.yaml) and the clear
+"""Settings that follow the model and the data (tether.config.fit, configs/byo.yaml) and the clear
 error for a forgotten `model.path`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from tether.config import ConfigError, load_config  # noqa: E402
-from tether.config_fit import compute_loglinear, compute_percentile  # noqa: E402
+from tether.config.fit import compute_loglinear, compute_percentile  # noqa: E402
 
 BYO = Path(__file__).resolve().parents[2] / "configs" / "byo.yaml"
 
@@ -63,7 +63,7 @@ def test_the_rules_at_their_anchors():
 
 
 def test_a_large_model_on_answer_only_rows_keeps_room_to_reason(example, monkeypatch):
-    import tether.config_fit as fit
+    import tether.config.fit as fit
 
     model, parquet = example
     monkeypatch.setattr(fit, "compute_param_count", lambda _: 500_000_000)
@@ -92,7 +92,7 @@ def test_the_cli_says_model_path_not_max_new_tokens(example, tmp_path):
 def test_a_tiny_model_without_room_names_model_path():
     """Numbers instead of auto, still no model.path: the message names the tiny model and model.path."""
     from tether.errors import UserError
-    from tether.preflight import compute_prompt_limit
+    from tether.rollout.single import compute_prompt_limit
 
     cfg = load_config(None, ["rollout.sampling.max_new_tokens=600"])
     with pytest.raises(UserError, match=r"model.path is not set, so tether built its tiny model .*512 positions.*set "

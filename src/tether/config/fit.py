@@ -96,7 +96,8 @@ def compute_percentile(values: list[int], q: float) -> int:
 
 def _read_rows(d: Any) -> tuple[list[dict[str, Any]], bool]:
     """(up to SAMPLE_ROWS training problems, whether their SFT target is the answer alone)."""
-    from tether.tasks import is_file_task, load_jsonl, make_problems
+    from tether.tasks import load_jsonl, make_problems
+    from tether.tasks.sources import is_file_task
 
     if d.task == "hf":
         from tether.tasks.hf import iter_problems
@@ -115,7 +116,8 @@ def _read_rows(d: Any) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _targets(d: Any, rows: list[dict[str, Any]]) -> list[str]:
-    from tether.tasks import demonstration, is_file_task
+    from tether.tasks import demonstration
+    from tether.tasks.sources import is_file_task
 
     if is_file_task(d.task):
         return [str(r.get("completion") or r.get("answer") or "") for r in rows]
@@ -126,7 +128,9 @@ def compute_fitted_values(keys: list[str], data: Mapping[str, Any]) -> dict[str,
     """{key: (value, reason)} for the `auto` keys of `data` (module docstring's rules)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from tether.config import DataConfig, RolloutConfig, SFTConfig
+    from tether.config.stages import SFTConfig
+    from tether.rollout.config import RolloutConfig
+    from tether.tasks.config import DataConfig
     from tether.policy.chat import encode_prompt
 
     model_dir = str(_get(data, "model.path"))
@@ -183,9 +187,6 @@ def compute_fitted_values(keys: list[str], data: Mapping[str, Any]) -> dict[str,
     return out
 
 
-_printed: set[str] = set()
-
-
 def do_fit_auto(data: dict[str, Any], source: str) -> dict[str, Any]:
     """Resolve the `auto` values of a raw config dict in place (module docstring); prints each with its reason."""
     keys = find_auto_keys(data)
@@ -207,8 +208,5 @@ def do_fit_auto(data: dict[str, Any], source: str) -> dict[str, Any]:
                           f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); give numbers instead of auto") from None
     for key, (value, why) in fitted.items():
         _set(data, key, value)
-        line = f"[tether] {key}={value} (auto: {why})"
-        if line not in _printed:
-            _printed.add(line)
-            print(line, flush=True)
+        print(f"[tether] {key}={value} (auto: {why})", flush=True)
     return data

@@ -1,6 +1,6 @@
 """Own model, own data, the documented command: held-out pass@1 after SFT and after RL, 3 seeds.
 
-    python benchmarks/byo_lift.py            # writes benchmarks/results/byo_lift.json
+    python benchmarks/byo_lift.py            # the measurement (its default --out benchmarks/results/byo_lift.json)
     python benchmarks/byo_lift.py --smoke    # one seed, a few steps (writes runs/byo-lift-smoke.json)
 
 docs/byo.md's example: `tools/byo_example.py` builds a tiny Qwen2-format model and tether's

@@ -2,7 +2,7 @@
 
     python benchmarks/harness_lift.py                  # the measurement (writes benchmarks/results/harness_lift.json)
     python benchmarks/harness_lift.py --chat           # the openai client's chat API, persistent agents
-                                                       # (writes benchmarks/results/harness_lift_chat.json)
+                                                       # (default --out benchmarks/results/harness_lift_chat.json)
     python benchmarks/harness_lift.py --smoke          # a two-step check that it runs (writes nothing to results/)
 
 `--chat`: the agent is configs/agents/chat_agent.py (the official `openai` client's

@@ -1,7 +1,7 @@
 """Episodes per second of the agent harness: one process per episode against persistent agents,
 side by side in one run, on the same task, model and agent program.
 
-    python benchmarks/harness_modes.py          # writes benchmarks/results/harness_modes.json
+    python benchmarks/harness_modes.py          # the measurement (default --out benchmarks/results/harness_modes.json)
     python benchmarks/harness_modes.py --smoke  # a quick check (writes runs/harness-modes-smoke.json)
 
 The agent is configs/agents/chat_agent.py, which talks to the endpoint with the official `openai`

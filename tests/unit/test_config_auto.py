@@ -95,8 +95,8 @@ def test_a_tiny_model_without_room_names_model_path():
     from tether.rollout.single import compute_prompt_limit
 
     cfg = load_config(None, ["rollout.sampling.max_new_tokens=600"])
-    with pytest.raises(UserError, match=r"model.path is not set, so tether built its tiny model .*512 positions.*set "
-                                        r"model.path="):
+    with pytest.raises(UserError, match=r"model.path is not set, so tether built its tiny model .*512 positions.*"
+                                        r"leaves no room for a prompt: set model.path="):
         compute_prompt_limit(cfg, cfg.model.tiny.max_position_embeddings)
 
 

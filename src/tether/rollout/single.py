@@ -154,8 +154,8 @@ def compute_prompt_limit(cfg: Any, max_positions: int) -> int:
     room = max_positions - new
     if room <= 0 and not cfg.model.path:  # the tiny model stands in for a forgotten model.path: say that first
         raise InputError(f"model.path is not set, so tether built its tiny model (model.tiny: {max_positions} positions), "
-                         f"which has no room for max_new_tokens={new}: set model.path=<your model directory>, or lower "
-                         "rollout/eval.sampling.max_new_tokens for the tiny model")
+                         f"where max_new_tokens={new} leaves no room for a prompt: set model.path=<your model directory>, "
+                         "or lower rollout/eval.sampling.max_new_tokens for the tiny model")
     if room <= 0:
         raise InputError(f"rollout/eval.sampling.max_new_tokens={new} leaves no room for a prompt in the model's "
                          f"context of {max_positions} positions: lower max_new_tokens")

@@ -60,6 +60,9 @@ def make_verifiers_rollout(cfg: Any) -> HarnessRollout | None:
     if not runs_own_rollouts(load_verifiers_env(kw.get("env"), kw.get("args"))):
         return None
     h = cfg.harness
+    from tether.rollout.prompt_format import read_trained_prompt_format
+
     return HarnessRollout((), cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
                           kind="verifiers environment (its own rollout loop)", max_error_rate=cfg.env.max_error_rate,
-                          agent=play_verifiers_episode)
+                          agent=play_verifiers_episode,  # its chat requests are checked against the model's record
+                          prompt_format=read_trained_prompt_format(cfg.model.path))

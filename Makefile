@@ -26,7 +26,11 @@ VENV_OPENENV ?= .venv-openenv
 OPENENV_STAMP := $(VENV_OPENENV)/.tether-installed
 OPENENV_DEPS := fastapi uvicorn pydantic websockets typer rich pyyaml requests "fastmcp>=3,<4" "huggingface_hub>=1.29" \
 	tomli tomli-w "openai>=2.7.2" jsonschema packaging
-extra-venvs: $(OPENENV_STAMP)
+# verifiers 0.4 pins openai < 3 and mcp 2.0 (tether's environment has openai 3 and mcp 2.3): its own virtualenv,
+# with uv, which verifiers' agent harness uses to run its chat program (docs/byo.md).
+VENV_VERIFIERS ?= .venv-verifiers
+VERIFIERS_STAMP := $(VENV_VERIFIERS)/.tether-installed
+extra-venvs: $(OPENENV_STAMP) $(VERIFIERS_STAMP)
 
 install: $(STAMP)
 
@@ -47,10 +51,15 @@ $(OPENENV_STAMP): Makefile
 	$(VENV_OPENENV)/bin/python -m pip install --quiet --no-warn-conflicts $(OPENENV_DEPS)
 	touch $@
 
+$(VERIFIERS_STAMP): Makefile
+	test -x $(VENV_VERIFIERS)/bin/python || $(PYTHON) -m venv $(VENV_VERIFIERS)
+	$(VENV_VERIFIERS)/bin/python -m pip install --quiet verifiers==0.4.0 uv
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/tether demo
 
-test: $(STAMP) $(OPENENV_STAMP)
+test: $(STAMP) $(OPENENV_STAMP) $(VERIFIERS_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 test-fast: $(STAMP)
@@ -80,4 +89,4 @@ results:
 	$(PYTHON) tools/gen_results.py
 
 clean:
-	rm -rf $(VENV) $(VENV_OPENENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV_OPENENV) $(VENV_VERIFIERS) runs .pytest_cache

@@ -24,7 +24,6 @@ are not (each with its reason).
 
 from __future__ import annotations
 
-import ast
 import io
 import os
 import re
@@ -59,26 +58,30 @@ def repo_files(root: Path) -> list[str]:
 
 
 def _python_text(src: str) -> list[tuple[int, str]]:
-    """(line, text) of every comment and docstring of a Python source."""
-    out = []
+    """(line, text) of every comment and docstring (a string that is a statement of its own) of a
+    Python source, from one pass of the tokenizer."""
+    out, prev = [], tokenize.NEWLINE
+    skip = (tokenize.NL, tokenize.COMMENT)
     try:
-        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-            if tok.type == tokenize.COMMENT:
-                out.append((tok.start[0], tok.string))
-        tree = ast.parse(src)
+        toks = list(tokenize.generate_tokens(io.StringIO(src).readline))
     except (SyntaxError, tokenize.TokenError):
         return out
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                for i, line in enumerate(first.value.value.splitlines()):
-                    out.append((first.lineno + i, line))
+    for i, tok in enumerate(toks):
+        if tok.type == tokenize.COMMENT:
+            out.append((tok.start[0], tok.string))
+        elif tok.type == tokenize.STRING and prev in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            nxt = next((t for t in toks[i + 1:] if t.type not in skip), None)
+            if nxt is None or nxt.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                out += [(tok.start[0] + j, line) for j, line in enumerate(tok.string.splitlines())]
+        if tok.type not in skip:
+            prev = tok.type
     return out
 
 
 def _text_lines(path: Path) -> list[tuple[int, str]]:
     src = path.read_text(errors="replace")
+    if not PATH.search(src) and "::" not in src and "](" not in src:
+        return []  # nothing that could be a reference
     if path.suffix == ".py":
         return _python_text(src)
     if path.suffix in (".yaml", ".yml", ".toml", ".sh") or path.name == "Makefile":

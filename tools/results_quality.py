@@ -82,6 +82,39 @@ What to read into it:
 )
 
 
+# ---- the single-turn demo ------------------------------------------------------------------------
+
+def read_reverse(d):
+    r = d["r"]
+    s = r["summary"]
+    return {"base": f3(s["baseline_accuracy"]), "final": f3(s["final_accuracy"]), "lift": pts(s["accuracy_lift"]),
+            "gb": f2(s["baseline_greedy_accuracy"]), "ga": f2(s["final_greedy_accuracy"]), "steps": s["rl_steps"],
+            "cpu_s": f"{s['cpu_seconds']:.0f}", "wall": mmss(s["wall_seconds"]), "sft_s": f"{s['sft_seconds']:.0f}",
+            "rl_s": f"{s['rl_seconds']:.0f}", "machine": cpu_of(s["precision"]), "prec": s["precision"]["precision"],
+            "la0": loadavg(r["load_average_start"]), "la1": loadavg(r["load_average_end"]), "date": r["start_utc"][:10]}
+
+
+REVERSE = Entry(
+    key="reverse", title="The single-turn demo (`tether pipeline configs/reverse.yaml`)",
+    sources={"r": R + "reverse_pipeline.json"},
+    command="tether pipeline configs/reverse.yaml run.threads=1",
+    read=read_reverse,
+    text="""
+A tiny Llama learns to reverse words: SFT on a teacher that corrupts 40% of its answers, then {steps}
+GRPO steps against the exact-match verifier, which removes the teacher's mistakes from the policy's
+own samples.
+
+| held-out sampled pass@1, SFT → RL | greedy | CPU s | wall (SFT / RL s) |
+|---|---|---|---|
+| {base} → **{final}** ({lift} points) | {gb} → {ga} | {cpu_s} | {wall} ({sft_s} / {rl_s}) |
+
+One run, one thread, {prec}, {date}, {machine}. The machine was shared with several other jobs (load
+average {la0} at the start, {la1} at the end), so the wall time is far above what an idle machine takes;
+the CPU seconds are the run's own.
+""",
+)
+
+
 # ---- the black-box agent through the endpoint -----------------------------------------------------
 
 def read_harness(d):
@@ -433,12 +466,11 @@ NO_FILE = Entry(
     text="""
 These pages report measurements whose run summaries were not committed, so this page does not
 repeat their numbers; rerun the command and commit the summary to bring one here:
-- the single-turn demo, `tether pipeline configs/reverse.yaml` (its config's header);
 - agentic RL per environment, `tether pipeline configs/household.yaml` etc. (docs/agentic.md);
 - the asynchronous recipe's quality against the synchronous one (docs/distributed.md);
 - `make test` timings on an idle machine (the one under load is in the "make test" section).
 """,
 )
 
-ENTRIES = [DEMO, HARNESS, TINKER, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
+ENTRIES = [DEMO, REVERSE, HARNESS, TINKER, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
 TAIL_ENTRIES = [NO_FILE]

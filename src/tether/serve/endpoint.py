@@ -55,12 +55,13 @@ from tether.policy.chat import Message, compute_context_ids
 from tether.policy.hf import HFPolicy, run_generate
 from tether.rollout.prompt_format import CHAT, RAW, mismatch_message, warn_once
 from tether.serve.schema import ChatMessage, ChatRequest, CompletionRequest, RequestError, parse_request
+from tether.serve.sse import completion_events
 from tether.types import Sample, StopReason, Turn
 
 try:  # the optional `serve` extra; module level, so FastAPI can resolve the handlers' annotations
     from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 except ImportError:  # pragma: no cover - reported when a server is built
     FastAPI = None  # type: ignore[assignment,misc]
 
@@ -331,7 +332,11 @@ class RolloutServer:
             try:
                 req = parse_request(await request.body(), kind)
                 episode = episode or request.headers.get("x-tether-episode")
-                return JSONResponse(await run_in_threadpool(fn, req, episode))
+                result = await run_in_threadpool(fn, req, episode)
+                if req.stream:  # the finished completion as OpenAI's server-sent events (tether.serve.sse)
+                    usage = bool(req.stream_options and req.stream_options.include_usage)
+                    return StreamingResponse(completion_events(result, usage), media_type="text/event-stream")
+                return JSONResponse(result)
             except (RequestError, UserError) as err:  # the request's fault: 400, the field named, one line
                 return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error",
                                                "param": getattr(err, "param", None), "code": None}}, 400)

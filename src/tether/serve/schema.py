@@ -5,7 +5,7 @@ string is not a number, a number is not a bool, NaN and infinities are refused).
 does not fit gets HTTP 400 with OpenAI's error shape and `param` naming the field, e.g.
 `messages[0].role: field required` - never a 500 and never a traceback in the training log.
 Fields OpenAI defines that change nothing here are ignored (`user`, `seed`, `tool_choice`, ...);
-fields whose effect tether does not implement (`stream`, `stop`, `echo`, `n` > 1, ...) are refused
+fields whose effect tether does not implement (`stop`, `echo`, `n` > 1, ...) are refused
 rather than silently dropped. The full table: docs/errors.md, "The rollout endpoint".
 """
 
@@ -76,20 +76,23 @@ class ToolSpec(_Strict):
     function: FunctionSpec
 
 
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
 class _Sampling(_Strict):
     model: str | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, gt=0)
     n: int | None = Field(None, ge=1, le=1, description="one sample per request: send several requests (they are batched)")
-    stream: bool | None = None
+    stream: bool | None = None  # true: the finished completion as server-sent events (tether.serve.sse)
+    stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
     episode_id: str | None = Field(None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _unsupported(self) -> "_Sampling":
-        if self.stream:
-            raise RequestError("stream", "streaming is not supported: send stream=false (the default)")
         if self.stop:
             raise RequestError("stop", "custom stop sequences are not supported: the model stops at its own "
                                "end-of-turn token; drop the field")

@@ -61,6 +61,7 @@ def test_fsdp2_part_passes_on_cpu_with_gloo():
 def test_the_tinker_part_runs_its_checks_on_a_cpu(tmp_path, monkeypatch):
     """The GPU check's Tinker section, run unchanged but for the device: the SDK trains a LoRA and a
     full-weight client, samples, and compares sampled log-probs with the trainer's."""
+    pytest.importorskip("tinker", reason="pip install -e '.[tinker]' (make test installs it)")
     mod = _load()
     monkeypatch.setattr(mod, "has_cuda", lambda: True)
     res = mod.part_tinker(tmp_path, device="cpu")

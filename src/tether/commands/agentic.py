@@ -27,8 +27,7 @@ def register(app: typer.Typer) -> None:
         """The config's pipeline.stages (sft, rl, rs_sft, dpo, distill, merge, eval), each stage's model
         handed to the next; without stages: SFT on the task's demonstrations, then RL. summary.json
         holds held-out metrics after every stage."""
-        from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary
-        from tether.config import ConfigError
+        from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary, fail_on
         from tether.recipes.multistage import plan_stages
         from tether.recipes.pipeline import run_pipeline
 
@@ -36,10 +35,13 @@ def register(app: typer.Typer) -> None:
         cfg = _load(config, overrides or [])
         if resume and run_dir is None:
             _fail("--resume needs --run-dir DIR (the pipeline to continue)", 2)
-        try:
-            plan_stages(cfg)  # stage overrides and model references, before anything runs
-        except ConfigError as err:
-            _fail(str(err), 2)
+        from tether.errors import UserError
+        from tether.preflight_stages import check_pipeline_inputs
+
+        try:  # stage overrides and model references, then every stage's inputs, before anything runs
+            check_pipeline_inputs(cfg, plan_stages(cfg))
+        except UserError as err:
+            fail_on(err)  # one line, exit 2 (the traceback under --debug)
         rd = run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()

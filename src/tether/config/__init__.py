@@ -25,7 +25,8 @@ from tether.config.fit import do_fit_auto
 from tether.config.stages import (
     DistillConfig, DPOConfig, MergeConfig, PipelineConfig, RMConfig, RSSFTConfig, SFTConfig, StageConfig,
 )
-from tether.config_text import ConfigError, apply_overrides, dump_config, format_validation_error, parse_override
+from tether.config_text import (ConfigError, apply_overrides, dump_config, format_validation_error, load_yaml,
+                                parse_override)
 from tether.dist.config import DistConfig
 from tether.envs.config import ContextConfig, EnvConfig, SandboxConfig
 from tether.eval.config import EvalConfig
@@ -96,7 +97,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             line = p.read_bytes()[: err.start].count(b"\n") + 1
             raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x}): save the file as UTF-8") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = load_yaml(text)  # no dates: `name: 2024-01-01` is text
         except yaml.YAMLError as err:
             raise ConfigError(f"{p}: not valid YAML: {' '.join(str(err).split())}") from None
         if loaded is None:
@@ -107,7 +108,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         data = loaded or {}
         source = str(p)
         data.setdefault("run", {}).setdefault("name", p.stem)
-    data = apply_overrides(data, overrides or [])
+    data = apply_overrides(data, overrides or [], TetherConfig().model_dump(mode="json"))  # list items: a.0.b=c
     return build_config(do_fit_auto(data, source), source)  # `auto` values follow the model and the data (config.fit)
 
 

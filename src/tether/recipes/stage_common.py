@@ -101,13 +101,3 @@ def load_model_dir(path: str | Path, cfg: TetherConfig, what: str) -> HFPolicy:
                           "model (a run's final_model/ or checkpoints/step_N/) or an earlier stage's name")
     return load_policy(p, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
 
-
-def check_same_tokenizer(student_tokenizer, teacher_tokenizer, teacher_path: str) -> None:
-    """On-policy distillation scores the student's token ids under the teacher: the vocabularies
-    must be identical, id for id."""
-    s, t = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-    if s != t:
-        raise ConfigError(
-            f"distill.teacher={teacher_path}: its tokenizer differs from the student's ({len(t)} vs {len(s)} tokens, "
-            f"{len(set(s.items()) ^ set(t.items()))} differing entries); the teacher scores the student's token ids, "
-            "so use a teacher trained from the same base model (e.g. an earlier stage of this pipeline)")

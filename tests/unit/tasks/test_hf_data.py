@@ -54,7 +54,7 @@ def test_verl_row_is_accepted_as_is():
 def test_missing_key_names_file_row_and_available_keys():
     with pytest.raises(DataError, match=r"f.jsonl: row 4: no key 'solution' \(available keys: \['prompt', 'q'\]\)"):
         make_problem({"prompt": "x", "q": 1}, "f.jsonl: row 4", 4, "prompt", "solution", "f")
-    with pytest.raises(DataError, match=r"row 0: prompt message 0 must be"):
+    with pytest.raises(DataError, match=r"row 0: prompt message 0 has no text content"):
         make_problem({"prompt": [{"role": "user"}], "answer": 1}, "row 0", 0, "prompt", "answer", "f")
 
 
@@ -98,7 +98,7 @@ def test_malformed_and_missing_keys_through_the_cli(tmp_path):
     jl.write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n" + json.dumps({"prompt": 5, "answer": 1}) + "\n")
     r = runner.invoke(app, ["train", str(_config(tmp_path)), *TINY, "data.task=hf", f"data.path={jl}",
                             "--run-dir", str(tmp_path / "r2")])
-    assert r.exit_code == 2 and f"{jl}: row 1: the prompt (prompt) must be a string or a list of chat messages" \
+    assert r.exit_code == 2 and f"{jl}: row 1: prompt must be a string or a list of chat messages" \
         in r.output, r.output
     assert "Traceback" not in r.output
 

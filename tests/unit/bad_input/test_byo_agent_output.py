@@ -42,16 +42,10 @@ def agent(tmp_path, name: str, body: str) -> list[str]:
     (b"log line\n\xff\xfe answer\n", "not UTF-8"),
     (b"\n\n", "printed nothing"),
 ])
-def test_output_that_breaks_the_protocol_is_refused_with_the_reason(stdout, phrase):
-    with pytest.raises(AgentOutputError, match=re.escape(phrase)):
+def test_output_that_breaks_the_protocol_is_refused_with_the_reason(bad_input, stdout, phrase):
+    with pytest.raises(AgentOutputError, match=re.escape(phrase)) as info:
         parse_agent_output(stdout)
-
-
-def test_the_protocol_still_reads_what_it_promised():
-    assert parse_agent_output(b'log\n{"reward": 0.5}\n') == (0.5, None)
-    assert parse_agent_output('{"answer": 42}') == (None, "42")
-    assert parse_agent_output("a\nAnswer: 7\n\n") == (None, "Answer: 7")
-    assert parse_agent_output('{"reward": 1, "answer": "x"}') == (1.0, None)
+    bad_input.check(str(info.value), "the agent", phrase)
 
 
 @pytest.mark.parametrize("body,outcome,phrase", [
@@ -59,13 +53,14 @@ def test_the_protocol_still_reads_what_it_promised():
      Outcome.INVALID, "not UTF-8"),  # aborted the whole run blaming "a file" before
     ('print("thinking"); print(\'{"reward": NaN}\')', Outcome.INVALID, "must be finite"),  # poisoned the step before
     ('import sys; print("oops", file=sys.stderr); print("{bad json")', Outcome.INVALID, "looks like JSON"),
-    ('import sys; print("Traceback: boom", file=sys.stderr); sys.exit(3)', Outcome.ERROR, "exited with 3"),
+    ('import sys; print("ValueError: boom", file=sys.stderr); sys.exit(3)', Outcome.ERROR, "exited with 3"),
     ('print(\'{"error": "no tool server"}\')', Outcome.ERROR, "reported an error: no tool server"),
 ])
-def test_a_bad_agent_run_is_an_episode_outcome_with_its_stderr_tail(tmp_path, body, outcome, phrase):
+def test_a_bad_agent_run_is_an_episode_outcome_with_its_stderr_tail(bad_input, tmp_path, body, outcome, phrase):
     cmd = agent(tmp_path, "a", body)
     res = run_agent(cmd, TASK, "http://127.0.0.1:9/v1", "k", "ep", timeout_s=60)
-    assert res.outcome is outcome and phrase in res.error, res
+    assert res.outcome is outcome, res
+    bad_input.check(res.error, phrase)
     if "stderr" in body:
         assert "stderr: " in res.error and res.error.rsplit("stderr: ", 1)[1].strip()
 
@@ -86,7 +81,7 @@ print("agent %s says hi" % task["id"], file=sys.stderr)
 '''
 
 
-def test_invalid_episodes_are_masked_counted_and_the_run_goes_on(tmp_path, policy, capsys):
+def test_invalid_episodes_are_masked_counted_and_the_run_goes_on(bad_input, tmp_path, policy, capsys):
     cmd = agent(tmp_path, "mixed", CALLS_THEN + textwrap.dedent('''
         if task["id"] == "bad":
             sys.stdout.buffer.write(b"\\xff\\n")
@@ -103,14 +98,15 @@ def test_invalid_episodes_are_masked_counted_and_the_run_goes_on(tmp_path, polic
     assert all(t.reward.outcome is Outcome.OK and t.reward.total == 1.0 for t in ok.trajectories)
     for g, phrase in ((bad, "not UTF-8"), (nan, "must be finite")):
         for t in g.trajectories:  # masked out of the update (an invalid outcome), its reward finite
-            assert t.reward.outcome is Outcome.INVALID and phrase in t.reward.error and t.reward.total == 0.0
-            assert "says hi" in t.reward.error  # the stderr tail
+            assert t.reward.outcome is Outcome.INVALID and t.reward.total == 0.0
+            bad_input.check(t.reward.error, phrase, "says hi")  # with the stderr tail
     assert metrics["harness/invalid"] == 4 and metrics["harness/error_rate"] == pytest.approx(4 / 6)
     assert "4 of 6 agent runs failed" in capsys.readouterr().out
 
 
-def test_a_high_invalid_rate_stops_the_run_naming_the_cause(tmp_path, policy):
+def test_a_high_invalid_rate_stops_the_run_naming_the_cause(bad_input, tmp_path, policy):
     cmd = agent(tmp_path, "nan", CALLS_THEN + "print('{\"reward\": NaN}')\n")
     rollout = HarnessRollout(cmd, RewardConfig(isolation="inline"), timeout_s=60, concurrency=2, max_error_rate=0.5)
-    with pytest.raises(EnvFailure, match=r"harness: 100% of the agent runs failed .*must be finite"):
+    with pytest.raises(EnvFailure, match=r"harness: 100% of the agent runs failed .*must be finite") as info:
         rollout.run(policy, [{"id": "p", "prompt": "1+1=", "answer": "2"}], 2, SamplingConfig(max_new_tokens=2))
+    bad_input.check(str(info.value), "env.max_error_rate", "must be finite")

@@ -17,7 +17,7 @@ pytest.importorskip("openai")
 from tether.config import RewardConfig, SamplingConfig  # noqa: E402
 from tether.policy.families import build_family_model  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
-from tether.rollout.agent_io import AgentPool, run_agent  # noqa: E402
+from tether.rollout.agent_io import AgentPool, parse_agent_output, run_agent  # noqa: E402
 from tether.rollout.harness import HarnessRollout  # noqa: E402
 from tether.types import Outcome  # noqa: E402
 
@@ -29,6 +29,14 @@ PROBLEMS = [{"id": f"p{i}", "prompt": f"{i}+1=", "answer": str(i + 1)} for i in 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     return load_policy(build_family_model("qwen2", tmp_path_factory.mktemp("q"), hidden_size=32, intermediate_size=64))
+
+
+def test_the_output_protocol_reads_what_it_promised():
+    """The strict parser (tests/unit/bad_input/test_byo_agent_output.py) still reads every documented form."""
+    assert parse_agent_output(b'log\n{"reward": 0.5}\n') == (0.5, None)
+    assert parse_agent_output('{"answer": 42}') == (None, "42")
+    assert parse_agent_output("a\nAnswer: 7\n\n") == (None, "Answer: 7")
+    assert parse_agent_output('{"reward": 1, "answer": "x"}') == (1.0, None)
 
 
 def test_python_in_the_command_is_the_interpreter_tether_runs_in(tmp_path, monkeypatch):

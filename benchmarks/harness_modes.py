@@ -42,13 +42,14 @@ def measure(args: argparse.Namespace) -> dict:
     from tether.config import load_config
     from tether.rollout.agent_io import AgentPool
     from tether.rollout.harness import HarnessRollout
+    from tether.rollout import compute_tokenizer_corpus
     from tether.train.setup import configure_process, seed_run, setup_policy, setup_problems
 
     cfg = load_config(ROOT / "configs/reverse.yaml", [f"data.train_size={args.problems * 4}", "data.eval_size=8"])
     seed_run(cfg.run)
     configure_process(cfg.sandbox, cfg.model)
     train, _ = setup_problems(cfg.data)
-    policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, Path(args.run_dir), train)
+    policy = setup_policy(cfg.model, cfg.run.seed, Path(args.run_dir), lambda: compute_tokenizer_corpus(cfg.data.task, train))
     problems = train[: args.problems]
     agent = [sys.executable, str(ROOT / "configs/agents/chat_agent.py")]
     modes = {name: HarnessRollout(agent, cfg.reward, timeout_s=120, concurrency=args.concurrency, persistent=persistent,

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from tether.config import TetherConfig, build_config
 from tether.errors import InputError, UserError
 from tether.preflight import check_config_inputs, check_steps
-from tether.preflight_models import (CAUSAL_LM, build_skeleton, check_model_kind, check_same_vocab, find_shape_mismatch,
+from tether.policy.checks import (CAUSAL_LM, build_skeleton, check_model_kind, check_same_vocab, find_shape_mismatch,
                                      load_tokenizer, read_shapes, skeleton_shapes)
 
 STEP_KINDS = {"rl": "rl", "distill": "rl", "sft": "sft", "rs_sft": "sft"}  # which steps setting a kind trains
@@ -49,11 +49,12 @@ class Lineage:
         if self.cfg.model.path:
             return load_tokenizer(self.cfg.model.path, "model.path")
         from tether.policy.tiny import build_tokenizer
-        from tether.train.setup import setup_problems, tokenizer_corpus
+        from tether.rollout import compute_tokenizer_corpus
+        from tether.train.setup import setup_problems
 
         with contextlib.redirect_stdout(io.StringIO()):  # the recipe prints its data notices itself
             train, _ = setup_problems(self.cfg.data)
-        return build_tokenizer(tokenizer_corpus(self.cfg.data, train), self.cfg.model.tiny.vocab_size)
+        return build_tokenizer(compute_tokenizer_corpus(self.cfg.data.task, train), self.cfg.model.tiny.vocab_size)
 
     @cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -128,9 +129,9 @@ def _check_dpo(cfg: TetherConfig, names: dict[str, TetherConfig], lineage: Linea
     if d.pairs == "file":
         if not d.pairs_path:
             raise InputError("dpo.pairs=file needs dpo.pairs_path=<JSONL of {prompt, chosen, rejected}>")
-        from tether.recipes.dpo import load_pair_rows
+        from tether.tasks import read_jsonl_fields
 
-        load_pair_rows(d.pairs_path)
+        read_jsonl_fields(d.pairs_path, ("prompt", "chosen", "rejected"), "dpo.pairs_path")  # recipes.dpo's rows
     elif d.pairs == "delta":
         for key in ("strong_model", "weak_model"):
             _check_student_model(getattr(d, key), f"dpo.{key}", names, lineage,

@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from tether.sweep_prepare import referenced, run_prepare, substitute
+from tether.sweep_prepare import RunHooks, referenced, run_prepare, substitute
 
 COMMANDS = ("train", "pipeline", "sft")
 
@@ -350,7 +350,8 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
     arms = spec.arms()
     threads = [] if any(o.startswith("run.threads=") for o in spec.overrides) or workers <= 1 else [
         f"run.threads={max(1, (os.cpu_count() or 2) // workers)}"]
-    prepared = run_prepare(spec.prepare, spec.seeds, out, run_fn, _finished, _move_aside, log, SweepError, workers, threads)
+    hooks = RunHooks(run_fn, _finished, _move_aside, log, SweepError)
+    prepared = run_prepare(spec.prepare, spec.seeds, out, hooks, workers, threads)
     todo, results = [], []
     for arm in arms:
         for seed in spec.seeds:

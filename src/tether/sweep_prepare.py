@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,15 +87,26 @@ def substitute(overrides: Sequence[str], prepare: Mapping[str, Mapping], out: Pa
     return [PLACEHOLDER.sub(lambda m: str(step_dir(out, m.group(1), prepare[m.group(1)], seed)), o) for o in overrides]
 
 
-def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, run_fn: Callable,
-                finished: Callable[[Path], dict | None], move_aside: Callable[[Path], None],
-                log: Callable[[str], None], error: type[Exception], workers: int = 1,
+@dataclass(frozen=True)
+class RunHooks:
+    """How the sweep runs one command (`run(argv, run_dir, log_path) -> exit code`), tells a finished
+    run (`finished(run_dir) -> summary or None`), sets an unfinished one aside, logs, and fails (`error`)."""
+
+    run: Callable
+    finished: Callable[[Path], dict | None]
+    move_aside: Callable[[Path], None]
+    log: Callable[[str], None]
+    error: type[Exception]
+
+
+def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, hooks: RunHooks, workers: int = 1,
                 extra: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Run every prepare step (each seed of a per-seed one) whose run is not finished yet; one record
     per run: name, seed (None: once), run_dir, ran (False: found finished), seconds, summary scalars.
     The seeds of a per-seed step run `workers` at a time, with `extra` overrides (the sweep's
     per-worker thread count); the steps themselves run in order (a later one may start from an
     earlier one)."""
+    run_fn, finished, move_aside, log, error = hooks.run, hooks.finished, hooks.move_aside, hooks.log, hooks.error
     records = []
     for name, step in prepare.items():
         cfg_path = out / "prepare" / f"{name}.yaml"

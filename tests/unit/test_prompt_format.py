@@ -33,7 +33,7 @@ def test_the_format_of_a_run_and_of_a_model_directory(tmp_path):
 def test_the_endpoint_counts_requests_in_the_other_format(tmp_path, capsys):
     pytest.importorskip("fastapi")
     openai = pytest.importorskip("openai")
-    import tether.rollout.prompt_format as pf
+    import tether.policy.prompt_format as pf
     from tether.config import SamplingConfig
     from tether.policy.families import build_family_model
     from tether.policy.hf import load_policy

@@ -35,15 +35,15 @@ def run_export(target: Path, out: Path) -> Path:
 
 
 def register(app: typer.Typer) -> None:
-    from tether import cli
+    from tether.commands import common
 
     @app.command("export")
     def export(target: Path = typer.Argument(..., help="a run directory or a checkpoint (LoRA adapters are merged)"),
                out: Path = typer.Option(..., "--out", help="the directory to write (a plain Hugging Face model)")) -> None:
         """Write a run's model as a plain Hugging Face model directory (LoRA adapters merged in)."""
-        cli._offline_env()
+        common.offline_env()
         try:
             path = run_export(target, out)
         except (FileNotFoundError, FileExistsError, ValueError) as err:
-            cli.fail(str(err))
+            common.fail(str(err))
         typer.echo(f"exported: {path}")

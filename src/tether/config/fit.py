@@ -94,34 +94,17 @@ def compute_percentile(values: list[int], q: float) -> int:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _read_rows(d: Any) -> tuple[list[dict[str, Any]], bool]:
-    """(up to SAMPLE_ROWS training problems, whether their SFT target is the answer alone)."""
-    from tether.tasks import load_jsonl, make_problems
-    from tether.tasks.sources import is_file_task
+def _read_rows(d: Any) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """(up to SAMPLE_ROWS training problems, their SFT targets, whether each target is the answer alone):
+    a data source's rows (the `completion` column, else the answer), or a built-in task's generated ones."""
+    from tether.rollout import sample_task_demonstrations
+    from tether.tasks.sources import sample_source_rows
 
-    if d.task == "hf":
-        from tether.tasks.hf import iter_problems
-
-        rows = list(iter_problems(d.path, d.split, d.prompt_key, d.answer_key, streaming=d.streaming, limit=SAMPLE_ROWS))
-    elif d.task == "jsonl":
-        rows = load_jsonl(d.path)[:SAMPLE_ROWS]
-    else:
-        from tether.rollout import is_episode_task
-
-        if is_episode_task(d.task):
-            raise ConfigError(f"data.task={d.task!r} is an environment: `auto` settings read single-turn rows; "
-                              "give numbers instead of auto")
-        rows = make_problems(d.task, min(d.train_size, SAMPLE_ROWS), d.seed, d.task_kwargs)
-    return rows, is_file_task(d.task) and not any(r.get("completion") for r in rows)
-
-
-def _targets(d: Any, rows: list[dict[str, Any]]) -> list[str]:
-    from tether.tasks import demonstration
-    from tether.tasks.sources import is_file_task
-
-    if is_file_task(d.task):
-        return [str(r.get("completion") or r.get("answer") or "") for r in rows]
-    return [demonstration(d.task, r) for r in rows]
+    rows = sample_source_rows(d, SAMPLE_ROWS)
+    if rows is None:
+        return (*sample_task_demonstrations(d, SAMPLE_ROWS), False)
+    targets = [str(r.get("completion") or r.get("answer") or "") for r in rows]
+    return rows, targets, not any(r.get("completion") for r in rows)
 
 
 def compute_fitted_values(keys: list[str], data: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
@@ -153,10 +136,10 @@ def compute_fitted_values(keys: list[str], data: Mapping[str, Any]) -> dict[str,
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     positions = int(getattr(AutoConfig.from_pretrained(model_dir, local_files_only=True), "max_position_embeddings",
                             1 << 30))
-    rows, answer_only = _read_rows(d)
+    rows, targets, answer_only = _read_rows(d)
     if not rows:
         raise ConfigError(f"data.path={d.path}: no rows to fit the auto settings to")
-    lengths = [len(tok.encode(t, add_special_tokens=False)) + 1 for t in _targets(d, rows)]
+    lengths = [len(tok.encode(t, add_special_tokens=False)) + 1 for t in targets]
     p99 = compute_percentile(lengths, 0.99)
     if answer_only and n >= 1e8:
         new, why = 512, (f"{size} writes its reasoning before the answer, and the rows hold only the final answer "

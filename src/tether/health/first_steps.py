@@ -153,7 +153,7 @@ def _answers_unparsed(cfg: dict[str, Any], samples: list[dict[str, Any]]) -> lis
 
 
 def _format_and_sft(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[StepFinding]:
-    from tether.rollout.prompt_format import CHAT, RAW, mismatch_message
+    from tether.policy.prompt_format import CHAT, RAW, mismatch_message
 
     out = []
     mismatch = _mean(rows, "rollout/prompt_format_mismatch")

@@ -14,7 +14,7 @@ from tether.train.batching import SeqRecord
 from tether.config import ConfigError, TetherConfig
 from tether.eval.runner import run_eval
 from tether.policy.hf import HFPolicy, load_policy
-from tether.rollout import make_rollout
+from tether.rollout import compute_tokenizer_corpus, make_rollout
 from tether.tasks import read_jsonl_fields  # noqa: F401  (re-exported for the stage recipes)
 from tether.types import Trajectory, TrajectoryGroup
 
@@ -30,7 +30,7 @@ def start_stage(cfg: TetherConfig, run_dir: str | Path):
     seed_run(cfg.run)
     configure_process(cfg.sandbox, cfg.model)
     train, _ = setup_problems(cfg.data)
-    return rd, train, setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
+    return rd, train, setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
 
 
 def run_sampling(policy: HFPolicy, problems: Sequence[dict[str, Any]], k: int, cfg: TetherConfig,

@@ -27,9 +27,9 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-log = logging.getLogger("tether.prompt_format")
+from tether.policy.prompt_format import CHAT, RAW, check_prompt_format, describe, mismatch_message, warn_once
 
-CHAT, RAW = "chat", "raw"
+log = logging.getLogger("tether.prompt_format")
 
 
 def compute_prompt_format(chat: bool, problems: Iterable[Mapping[str, Any]] = (), multi_turn: bool = False) -> str:
@@ -37,6 +37,14 @@ def compute_prompt_format(chat: bool, problems: Iterable[Mapping[str, Any]] = ()
     if chat or multi_turn or any(p.get("messages") for p in problems):
         return CHAT
     return RAW
+
+
+def _may_carry_messages(task: str) -> bool:
+    """A data source's rows may be chat messages (verl's layout), and an environment renders its own."""
+    from tether.rollout import is_episode_task
+    from tether.tasks.sources import is_file_task
+
+    return is_file_task(task) or is_episode_task(task)
 
 
 def read_trained_prompt_format(model_dir: str | Path | None) -> str | None:
@@ -63,44 +71,8 @@ def read_trained_prompt_format(model_dir: str | Path | None) -> str | None:
             if data.get("chat"):
                 return CHAT
             # raw only when the task cannot carry chat messages (a file task may hold verl-style messages)
-            return None if data.get("task") in ("hf", "jsonl", "verifiers", "openenv", "mcp") else RAW
+            return None if _may_carry_messages(str(data.get("task"))) else RAW
     return None
-
-
-def describe(fmt: str) -> str:
-    return "the chat template (data.chat=true or chat-message prompts)" if fmt == CHAT else "raw text prompts (data.chat=false)"
-
-
-def mismatch_message(trained: str, used: str, where: str) -> str:
-    """One line: what differs and the fix."""
-    if used == CHAT:
-        fix = ("send raw prompts (the agent: client.completions.create(prompt=task['prompt']); a run: data.chat=false), "
-               "or train the model with data.chat=true")
-    else:
-        fix = ("send chat messages (the agent: client.chat.completions.create(messages=[{'role': 'user', 'content': "
-               "task['prompt']}]); a run: data.chat=true), or train the model with data.chat=false")
-    return (f"prompt format mismatch: {where} uses {describe(used)}, but the model was trained on {describe(trained)}; "
-            f"its reward will stay near zero. Fix: {fix}")
-
-
-_warned: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    """Print a mismatch warning once per process (every step's endpoint would repeat it)."""
-    if message not in _warned:
-        _warned.add(message)
-        print(f"[tether] WARNING: {message}", flush=True)
-
-
-def check_prompt_format(trained: str | None, used: str, where: str) -> str | None:
-    """The mismatch message (also printed as a warning) when `used` differs from `trained`; None
-    when they agree or the trained format is unknown."""
-    if trained is None or trained == used:
-        return None
-    msg = mismatch_message(trained, used, where)
-    warn_once(msg)
-    return msg
 
 
 def run_format_check(cfg: Any, rollout: Any, problems: Iterable[Mapping[str, Any]], where: str,
@@ -125,3 +97,7 @@ def compute_harness_format(rows: Iterable[Mapping[str, Any]]) -> str | None:
     if not fracs:
         return None
     return CHAT if sum(fracs) / len(fracs) > 0.5 else RAW
+
+
+__all__ = ["CHAT", "RAW", "check_prompt_format", "compute_harness_format", "compute_prompt_format", "describe",
+           "mismatch_message", "read_trained_prompt_format", "run_format_check", "warn_once"]

@@ -113,7 +113,7 @@ def test_progress_lines_while_a_harness_call_runs(policy, capsys):
 @pytest.mark.slow
 def test_a_chat_agent_against_a_raw_prompt_model_is_warned_and_counted(policy, capsys):
     """The shipped openai-client chat agent against a model recorded as trained on raw prompts."""
-    import tether.rollout.prompt_format as pf
+    import tether.policy.prompt_format as pf
 
     pf._warned.clear()
     rollout = HarnessRollout([sys.executable, str(AGENTS / "chat_agent.py")], RewardConfig(isolation="inline"),

@@ -139,13 +139,13 @@ def test_the_docs_one_command_on_a_qwen_directory_and_a_parquet_file(tmp_path):
     """docs/byo.md: `tether train configs/byo.yaml model.path=<Qwen dir> data.path=<file.parquet>`."""
     from pathlib import Path
 
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
 
     config = Path(__file__).resolve().parents[3] / "configs" / "byo.yaml"
     parquet = tmp_path / "train.parquet"
     datasets.Dataset.from_list(_verl_rows(30)).to_parquet(str(parquet))
-    qwen = build_family_model("qwen2", tmp_path / "qwen", [f"{i}+{i}= {2 * i}" for i in range(30)], hidden_size=32,
-                              intermediate_size=64)
+    qwen = build_family_model("qwen2", tmp_path / "qwen", [f"{i}+{i}= {2 * i}" for i in range(30)],
+                              family_shape(hidden_size=32, intermediate_size=64))
     small = ["train.steps=1", "rollout.n=2", "rollout.problems_per_step=2", "rollout.sampling.max_new_tokens=4",
              "eval.sampling.max_new_tokens=4", "eval.samples=1", "eval.problems=2", "reward.isolation=inline",
              "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0", "run.threads=1"]

@@ -35,7 +35,7 @@ def build_example(out: str | Path, rows: int = ROWS, seed: int = SEED) -> tuple[
     """(model directory, parquet file) under `out`."""
     import datasets
 
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
     from tether.tasks import make_problems
 
     out = Path(out)
@@ -44,8 +44,8 @@ def build_example(out: str | Path, rows: int = ROWS, seed: int = SEED) -> tuple[
     parquet = out / "reverse.parquet"
     datasets.Dataset.from_list([verl_row(p, "train") for p in problems]).to_parquet(str(parquet))
     model = build_family_model("qwen2", out / "tiny-qwen2", corpus=[p["prompt"] + p["answer"] for p in problems],
-                               vocab_size=280, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
-                               intermediate_size=256, seed=seed)
+                               shape=family_shape(vocab_size=280, hidden_size=128, num_layers=4, num_heads=4,
+                                                  intermediate_size=256), num_kv_heads=2, seed=seed)
     return model, parquet
 
 

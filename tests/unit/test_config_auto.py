@@ -22,12 +22,12 @@ def verl_rows(n: int, answer=lambda i: "dcba"[: 1 + i % 4]):
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
 
     root = tmp_path_factory.mktemp("byo")
     parquet = root / "train.parquet"
     datasets.Dataset.from_list(verl_rows(40)).to_parquet(str(parquet))
-    model = build_family_model("qwen2", root / "qwen", ["reverse abcd: dcba"], hidden_size=32, intermediate_size=64)
+    model = build_family_model("qwen2", root / "qwen", ["reverse abcd: dcba"], family_shape(hidden_size=32, intermediate_size=64))
     return model, parquet
 
 

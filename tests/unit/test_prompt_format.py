@@ -35,12 +35,12 @@ def test_the_endpoint_counts_requests_in_the_other_format(tmp_path, capsys):
     openai = pytest.importorskip("openai")
     import tether.policy.prompt_format as pf
     from tether.config import SamplingConfig
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
     from tether.policy.hf import load_policy
     from tether.serve.endpoint import RolloutServer
 
     pf._warned.clear()
-    policy = load_policy(build_family_model("qwen2", tmp_path / "q", hidden_size=32, intermediate_size=64))
+    policy = load_policy(build_family_model("qwen2", tmp_path / "q", shape=family_shape(hidden_size=32, intermediate_size=64)))
     with RolloutServer(policy, SamplingConfig(max_new_tokens=2), prompt_format="chat") as s:
         client = openai.OpenAI(base_url=s.base_url, api_key=s.api_key, max_retries=0)
         for _ in range(2):

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from tether.config import RewardConfig, SamplingConfig  # noqa: E402
-from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.families import build_family_model, family_shape  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
 from tether.rollout.agent_io import AgentOutputError, parse_agent_output, run_agent  # noqa: E402
 from tether.rollout.harness import HarnessRollout  # noqa: E402
@@ -67,7 +67,7 @@ def test_a_bad_agent_run_is_an_episode_outcome_with_its_stderr_tail(bad_input, t
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    return load_policy(build_family_model("qwen2", tmp_path_factory.mktemp("q"), hidden_size=32, intermediate_size=64))
+    return load_policy(build_family_model("qwen2", tmp_path_factory.mktemp("q"), shape=family_shape(hidden_size=32, intermediate_size=64)))
 
 
 CALLS_THEN = '''

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from tether.config import SamplingConfig  # noqa: E402
-from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.families import build_family_model, family_shape  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
 from tether.serve.endpoint import RolloutServer  # noqa: E402
 
@@ -23,8 +23,8 @@ USER = {"role": "user", "content": "2+2="}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = build_family_model("qwen2", tmp_path_factory.mktemp("qwen2"), hidden_size=32, intermediate_size=64,
-                              max_positions=64)
+    path = build_family_model("qwen2", tmp_path_factory.mktemp("qwen2"),
+                              shape=family_shape(hidden_size=32, intermediate_size=64, max_position_embeddings=64))
     with RolloutServer(load_policy(path), SamplingConfig(max_new_tokens=2), seed=0) as s:
         yield s
 

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
 from tether.config import RewardConfig, SamplingConfig  # noqa: E402
-from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.families import build_family_model, family_shape  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
 from tether.rollout.agent_io import AgentPool, parse_agent_output, run_agent  # noqa: E402
 from tether.rollout.harness import HarnessRollout  # noqa: E402
@@ -28,7 +28,7 @@ PROBLEMS = [{"id": f"p{i}", "prompt": f"{i}+1=", "answer": str(i + 1)} for i in 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    return load_policy(build_family_model("qwen2", tmp_path_factory.mktemp("q"), hidden_size=32, intermediate_size=64))
+    return load_policy(build_family_model("qwen2", tmp_path_factory.mktemp("q"), shape=family_shape(hidden_size=32, intermediate_size=64)))
 
 
 def test_the_output_protocol_reads_what_it_promised():

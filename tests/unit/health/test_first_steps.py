@@ -118,15 +118,15 @@ def test_own_data_with_word_answers_and_math_verify_is_explained(tmp_path):
     from typer.testing import CliRunner
 
     from tether.cli import app
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
     from tether.tasks import make_problems
 
     problems = make_problems("reverse", 40, 0)
     rows = [{"prompt": [{"role": "user", "content": p["prompt"]}], "reward_model": {"ground_truth": p["answer"]}}
             for p in problems]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "t.parquet"))
-    model = build_family_model("qwen2", tmp_path / "q", [p["prompt"] + p["answer"] for p in problems], hidden_size=32,
-                               intermediate_size=64)
+    model = build_family_model("qwen2", tmp_path / "q", [p["prompt"] + p["answer"] for p in problems],
+                               family_shape(hidden_size=32, intermediate_size=64))
     byo = Path(__file__).resolve().parents[3] / "configs" / "byo.yaml"
     small = ["train.steps=3", "rollout.n=4", "rollout.problems_per_step=4", "eval.samples=1", "eval.problems=4",
              "reward.isolation=inline", "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0",

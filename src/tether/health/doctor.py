@@ -123,9 +123,12 @@ def examine(run_dir: str | Path, cfg: Any) -> dict[str, Any]:
             d["severity"], d["message"] = "critical", f.message
     top = hyps[0] if hyps else None
     events = _events(run)
+    from tether.health.first_steps import find_first_step_findings  # why a reward is flat, each with its fix
+
+    first = [f.to_json() for f in find_first_step_findings(run)]
     return {
         "run_dir": str(run), "steps": len(rows), "first_step": rows[0]["step"] if rows else None,
-        "last_step": rows[-1]["step"] if rows else None, "healthy": not findings,
+        "last_step": rows[-1]["step"] if rows else None, "healthy": not findings and not first, "first_steps": first,
         "since": top.since if top else None, "family": top.family if top else None, "cause": top.cause if top else None,
         "hypotheses": [h.to_json() for h in hyps[:5]],
         "findings": sorted(by_det.values(), key=lambda d: (d["since"], d["first_step"])),
@@ -136,7 +139,10 @@ def examine(run_dir: str | Path, cfg: Any) -> dict[str, Any]:
 
 def format_report(rep: dict[str, Any]) -> str:
     lines = [f"run: {rep['run_dir']}  (steps {rep['first_step']}..{rep['last_step']})"]
-    if rep["healthy"]:
+    if rep.get("first_steps") and not rep["findings"]:
+        lines.append(f"status: UNHEALTHY - the first steps show why the reward is flat ({len(rep['first_steps'])} "
+                     "finding(s) below)")
+    elif rep["healthy"]:
         lines.append(f"status: HEALTHY - no detector fired in {rep['steps']} steps")
     elif rep["cause"] == UNEXPLAINED:
         top = rep["hypotheses"][0]
@@ -163,6 +169,9 @@ def format_report(rep: dict[str, Any]) -> str:
             lines.append(f"  {i}. {h['cause']} ({h['family']}, {100 * h['confidence']:.0f}%): {h['title']}; evidence: {ev}{fit}")
         if rep["hypotheses"]:
             lines.append(f"  advice: {rep['hypotheses'][0]['advice']}")
+    if rep.get("first_steps"):
+        lines += ["", "first steps (each with its fix):"]
+        lines += [f"  {f['name']}: {f['message']}\n    fix: {f['fix']}" for f in rep["first_steps"]]
     acts = [e for e in rep["events"] if e.get("kind") in ("action", "halt", "hang", "advice", "detector_error", "monitor_error")]
     if acts:
         lines.append("")

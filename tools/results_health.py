@@ -120,6 +120,9 @@ def read_health_extended(d):
                        blind) if blind else "None: every fault kind and severity was caught in at least two thirds of its "
                                             "runs and named right in at least half of the caught ones.",
         "targets": _targets(f),
+        "rec_o": _f(f["recall_obvious"]), "rec_s": _f(f["recall_subtle"]),
+        "top1_t": _f((f.get("tuned") or {}).get("diagnosis_top1")), "top1_h": _f((f.get("held_out") or {}).get("diagnosis_top1")),
+        "unexp": _k_of_n(f.get("unexplained_rate_outside"), f.get("outside_detected")),
     }
 
 
@@ -128,6 +131,10 @@ HEALTH_EXTENDED = Entry(
     sources={"fb": R + "faultbench_extended.json"},
     command="bash benchmarks/faultbench_extended.sh 16",
     read=read_health_extended,
+    # the README's health line once this file exists (tools/gen_results.py HEADLINES: "health-extended")
+    headline="the health layer catches injected training faults (recall {rec_o} obvious / {rec_s} subtle), names the "
+             "cause first in {top1_t} of runs on the faults it was tuned on and {top1_h} on held-out ones, answers "
+             "\"unexplained\" for {unexp} of the faults outside its taxonomy, {fa} false alarms on healthy runs",
     text="""
 {kinds} fault kinds: {tuned_kinds} the layer's thresholds, cause predictions and confidence calibration were tuned
 on, and {held_kinds} **held out** — written with the others at the seams of the update, the optimizer, the sampler

@@ -66,3 +66,16 @@ def test_the_section_reads_the_halves_reliability_and_blind_spots():
     headline = rh.HEALTH_EXTENDED.headline.format(**values)
     assert "0.75 of runs on the faults it was tuned on and — on held-out ones" in headline
     assert "\"unexplained\" for 1/2 of the faults outside its taxonomy, 0/4 false alarms" in headline
+
+
+def test_the_overhead_section_adds_the_batch_checks_and_judges_the_bar():
+    rh = _tools("results_health")
+    o = {"overhead_frac": 0.012, "overhead_frac_per_step_median": 0.011, "overhead_frac_per_step_max": 0.03, "steps": 40,
+         "layer_seconds": {"time/health": 2.0, "time/probes": 1.5, "time/fingerprint": 0.1}, "step_seconds_without_layer": 300.0,
+         "date": "2026-12-04T16:40:00Z", "cores": 2, "loadavg_start": [5.0, 6.0, 7.0], "cpu_seconds": 500.0,
+         "batch_shape": {"sequences": 128, "tokens_per_sequence": 320}, "batch_checks_seconds_per_step": 0.01,
+         "overhead_frac_with_batch_checks": 0.0133}
+    text = rh.HEALTH_OVERHEAD.text.format(**rh.read_health_overhead({"oh": o}))
+    assert "in all **1.33%** of the RL step time" in text and "within issue 41's bar" in text and "10.0 ms a step" in text
+    o["overhead_frac_with_batch_checks"] = 0.025
+    assert "**above** issue 41's bar" in rh.HEALTH_OVERHEAD.text.format(**rh.read_health_overhead({"oh": o}))

@@ -187,6 +187,14 @@ OVERWRITE_OPT = typer.Option(False, "--overwrite", help="replace (delete) an exi
                              "(or --resume) an existing run is refused")
 
 
+STEP_OPT = typer.Option(None, "--step", help="a checkpoint of the run (checkpoints/step_N) instead of its result model")
+
+
+def note(message: str) -> None:
+    """One line to the user about what a command is working on (e.g. an interrupted run's last model)."""
+    typer.echo(f"tether: note: {message}", err=True)
+
+
 @app.command()
 def train(config: Path = CONFIG_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
           run_dir: Optional[Path] = RUN_DIR_OPT, resume: bool = RESUME_OPT, overwrite: bool = OVERWRITE_OPT) -> None:
@@ -227,17 +235,19 @@ def demo(
 
 @app.command("eval")
 def eval_cmd(
-    target: Path = typer.Argument(..., help="a run directory (its latest checkpoint), a checkpoint directory, or a YAML config"),
+    target: Path = typer.Argument(..., help="a run directory (its result model; a pipeline's last stage; a reward "
+                                  "model's held-out pair accuracy), a checkpoint directory, or a YAML config"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides, e.g. eval.samples=16 eval.best_of=reward"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write eval.json (default: the run dir)"),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="write plots/eval_tts.png (pass@k, maj@k, best@k vs k)"),
+    step: Optional[int] = STEP_OPT,
 ) -> None:
     """Held-out pass@k, maj@k, best@k (k = 1..eval.samples) and greedy accuracy -> eval.json."""
     _offline_env()
-    from tether.recipes.evaluate import run_eval_command
+    from tether.api.evaluate import run_eval_command
 
     try:
-        metrics, path = run_eval_command(target, overrides or [], out, plot=plot)
+        metrics, path = run_eval_command(target, overrides or [], out, plot=plot, step=step, log=note)
     except _known_errors() as err:
         fail_on(err)
     for k, v in sorted(metrics.items()):

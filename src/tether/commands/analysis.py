@@ -31,10 +31,19 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
     else:
         from tether.policy.hf import load_policy
         from tether.train.setup import seed_run, setup_problems
-        from tether.recipes.evaluate import resolve_target
+        from tether.api.evaluate import resolve_target
+        from tether.errors import UserError
         from tether.rollout import make_rollout
 
-        cfg, model_dir, _ = resolve_target(target, overrides)
+        t = resolve_target(target, overrides)
+        if t.kind == "rm":
+            raise UserError(f"{target} is a reward-model run: a plan samples a policy; plan the policy run it rewards "
+                            "(tether eval gives the reward model's pair accuracy)")
+        if t.note:
+            from tether.cli import note
+
+            note(t.note)
+        cfg, model_dir = t.cfg, t.model
         seed_run(cfg.run)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
         train, _ = setup_problems(cfg)
@@ -64,7 +73,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="machine-readable plan"),
     ) -> None:
         """Recommend rollouts per problem n, problems per step B_p and steps M for a budget (C = B_p*n*M)."""
-        from tether.cli import _known_errors, _offline_env
+        from tether.cli import _known_errors, _offline_env, fail_on
 
         _offline_env()
         if unit not in ("rollouts", "tokens"):
@@ -75,7 +84,7 @@ def register(app: typer.Typer) -> None:
             p, pilot = run_plan_command(target, overrides or [], budget, unit, pilot_problems, pilot_samples, min_steps,
                                         pilot_file, save_pilot)
         except _known_errors() as err:
-            _fail(str(err), 1)
+            fail_on(err)
         except (ValueError, KeyError) as err:
             _fail(str(err), 1)
         if as_json:

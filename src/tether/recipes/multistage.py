@@ -52,10 +52,14 @@ def _rl(cfg: TetherConfig, d: Path, resume: bool) -> dict[str, Any]:
 
 def _eval(cfg: TetherConfig, d: Path, resume: bool) -> dict[str, Any]:
     """The eval stage: the incoming model on the held-out problems (the pipeline records it)."""
+    from tether.runs.lifecycle import do_finish_run, do_start_record
+
     rd = make_run_dir(d)
     rd.write_config(cfg)
+    do_start_record(rd.root, cfg, "eval")
     summary = {"kind": "eval", "model": cfg.model.path}
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, cfg.model.path)  # its result is the model it evaluated
     return summary
 
 
@@ -138,12 +142,14 @@ def _resolve(data: dict[str, Any], models: dict[str, str], incoming: str | None)
 
 
 def stage_model(sdir: Path, incoming: str | None) -> str | None:
-    """The model a finished stage hands on: final_model/, else its latest checkpoint, else the
-    model it started from (eval)."""
-    if (sdir / "final_model" / "config.json").is_file():
-        return str(sdir / "final_model")
-    ckpt = find_latest_checkpoint(sdir)
-    return str(ckpt) if ckpt is not None else incoming
+    """The model a finished stage hands on: its result (tether.runs.result: final_model/, or an
+    RL-style stage's final checkpoint; never a periodic one), else the model it started from."""
+    from tether.runs.result import NoResult, resolve_result
+
+    try:
+        return str(resolve_result(sdir).path)
+    except NoResult:
+        return incoming
 
 
 def run_stages(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, log=print) -> dict[str, Any]:
@@ -215,4 +221,9 @@ def _write_summary(rd, cfg: TetherConfig, rows: list[dict[str, Any]], clocks: tu
         "cpu_seconds": time.process_time() - clocks[1],
     }
     rd.write_summary(summary)
+    from tether.runs.lifecycle import do_finish_run, do_set_members
+
+    do_set_members(rd.root, [{"name": r["name"], "kind": r["kind"], "path": r["name"]} for r in rows])
+    if summary["complete"] or interrupted:
+        do_finish_run(rd.root, {"interrupted": bool(interrupted)}, rows[-1]["model"] if rows else None)
     return summary

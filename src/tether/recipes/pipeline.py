@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tether.config import TetherConfig, build_config
-from tether.io.resume import do_open_run
+from tether.runs.resume import do_open_run
 
 BUILDERS = ("sliding_window", "append", "summary")
 
@@ -37,7 +37,7 @@ def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print, resume: bool
                  overwrite: bool = False) -> dict[str, Any]:
     """The config's `pipeline.stages` (recipes/multistage.py); without stages, the two-stage
     pipeline `[{kind: sft, name: sft}, {kind: rl, name: rl}]`. Returns the summary it writes.
-    Without `resume`, an existing run directory needs `overwrite` (tether.io.resume)."""
+    Without `resume`, an existing run directory needs `overwrite` (tether.runs.resume)."""
     from tether.recipes.multistage import run_stages
 
     if not resume:

@@ -109,8 +109,9 @@ def setup_policy(cfg: TetherConfig, run_dir: Path, problems: list[dict[str, Any]
         if m.dtype == "bfloat16":
             model.to(torch.bfloat16)
         policy = make_policy(model, tok, m.device, m.autocast_bf16)
-    if m.lora is not None:
-        attach_lora(policy, cfg, Path(m.path) if m.path else Path(run_dir) / "base_model")
+    if m.lora is not None:  # adapters name their base: a full model, never another adapter (saved merged here)
+        own = m.path and not is_adapter_dir(m.path)
+        attach_lora(policy, cfg, Path(m.path) if own else Path(run_dir) / "base_model")
     if m.gradient_checkpointing:
         enable_checkpointing(policy.model)
     print(f"[tether] precision: {'bf16 autocast' if policy.autocast_bf16 else 'fp32'} ("

@@ -33,11 +33,11 @@ from typing import Any, Callable
 
 import yaml
 
-from tether.config import ConfigError
+from tether.config_text import ConfigError
 from tether.io.checkpoint import find_latest_checkpoint
-from tether.io.run_dir import RunDir, do_append_jsonl, do_truncate_jsonl_after, make_run_dir, write_text_atomic
-
-RUN_FILE = "run.json"
+from tether.io.run_dir import RunDir, do_append_jsonl, do_truncate_jsonl_after, make_run_dir
+from tether.runs.lifecycle import do_start_record
+from tether.runs.record import RUN_FILE
 EVENTS_FILE = "events.jsonl"
 # Settings a resumed run may change (dotted key or section prefix ending in "."). train.lr/sft.lr
 # are applied to the restored optimizer (`do_apply_lr`); rollout.n and
@@ -162,7 +162,7 @@ def do_open_run(path: str | Path, cfg: Any, kind: str, resume: bool = False, ove
     if resume:
         start = _resume_point(rd, cfg, bool(markers), log)
     rd.write_config(cfg)
-    write_text_atomic(rd.root / RUN_FILE, json.dumps({"kind": kind}) + "\n")
+    do_start_record(rd.root, cfg, kind)  # run.json: kind, status running, references (tether.runs.record)
     return start
 
 

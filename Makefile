@@ -6,7 +6,7 @@
 TORCH_SPEC ?= torch==2.13.0
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,ray,mcp,bench
+EXTRAS ?= dev,ray,mcp,bench,tinker
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tether-installed
 

@@ -47,18 +47,19 @@ def _batch(model_dir: Path, threads: int):
 
     from tether.policy.hf import load_policy
     from tether.train.setup import seed_everything, setup_problems
-    from tether.train.state import RLState
-    from tether.train.batch import make_train_batch
+    from tether.recipes.rl import build_train_batch
+    from tether.settings import RunSettings
+    from tether.train.state import build_rl_state
     from tether.rollout import collect_groups
 
     cfg = load_cfg(base_spec("tether", model_dir, "fp32", threads, 0))
     seed_everything(0, False, threads)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     policy = load_policy(str(model_dir))
     policy.model.train()
-    st = RLState(cfg, policy, train)
+    st = build_rl_state(RunSettings(cfg), policy, train)
     groups, _ = collect_groups(st, cfg)
-    batch, _ = make_train_batch(st, cfg, groups)
+    batch, _ = build_train_batch(st, cfg, groups)
     prompts = [list(t.turns[0].context_ids) for g in groups for t in g.trajectories]
     return policy, batch, prompts, cfg
 

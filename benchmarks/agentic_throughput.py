@@ -71,9 +71,10 @@ def main(argv=None) -> dict:
 
     from tether.config import load_config
     from tether.recipes.demo import demo_config_path
-    from tether.train.state import RLState
     from tether.recipes.rl import run_rl_step
     from tether.recipes.sft import run_sft
+    from tether.settings import RunSettings
+    from tether.train.state import build_rl_state
     from tether.train.setup import precision_summary, setup_problems
     from vs_trl import machine_description
 
@@ -85,13 +86,13 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="tether-agentic-") as tmp:
         policy, _ = run_sft(cfgs["batched"], Path(tmp) / "sft")
     torch.set_num_threads(a.threads)
-    train, _ = setup_problems(cfgs["batched"])
+    train, _ = setup_problems(cfgs["batched"].data)
     policy.model.train()
-    st = RLState(cfgs["batched"], policy, train)
+    st = build_rl_state(RunSettings(cfgs["batched"]), policy, train)
     recs = {k: [] for k in cfgs}
     for i in range(1 + a.steps):
         for name, cfg in cfgs.items():
-            metrics, groups = run_rl_step(st, cfg)
+            metrics, groups = run_rl_step(st)
             st.step += 1
             episodes = sum(len(g.trajectories) for g in groups)
             rec = step_record(metrics, episodes)

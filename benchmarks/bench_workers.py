@@ -105,18 +105,19 @@ def _step_record(step_s, gen_s, prompts, completions, reward) -> dict:
 
 
 def tether_state(spec: dict):
-    """(config, tether.recipes.rl.RLState) of a benchmark spec: seeded, the policy loaded in train mode."""
+    """(config, tether.train.state.RLState) of a benchmark spec: seeded, the policy loaded in train mode."""
     from tether.policy.hf import load_policy
+    from tether.settings import RunSettings
+    from tether.train.state import build_rl_state
     from tether.train.setup import seed_everything, setup_problems
-    from tether.train.state import RLState
 
     cfg = load_cfg(spec)
     seed_everything(cfg.run.seed, False, cfg.run.threads, cfg.run.retain_memory)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     m = cfg.model
     policy = load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
     policy.model.train()
-    return cfg, RLState(cfg, policy, train)
+    return cfg, build_rl_state(RunSettings(cfg), policy, train)
 
 
 def run_tether(spec: dict) -> dict:
@@ -131,7 +132,7 @@ def run_tether(spec: dict) -> dict:
     steps = []
     for _ in range(spec["warmup"] + spec["steps"]):
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        metrics, groups = run_rl_step(st, cfg)
+        metrics, groups = run_rl_step(st)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
         st.step += 1
         turns = [t.turns[0] for g in groups for t in g.trajectories]
@@ -200,7 +201,7 @@ def _trl_trainer(spec: dict, timings: dict):
         timings["rewards"].append(sum(r) / len(r))
         return r
 
-    train, _ = setup_problems(load_cfg(spec))
+    train, _ = setup_problems(load_cfg(spec).data)
     data = Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"]} for p in train])
     bf16 = spec["precision"] == "bf16"
     args = GRPOConfig(

@@ -47,7 +47,7 @@ def paired_steps(cfg, st, settings: dict[str, Callable[[], None]], pairs: int, l
         s = copy.deepcopy(st)
         torch.manual_seed(0)
         random.seed(0)
-        m, _ = rl.run_rl_step(s, cfg)
+        m, _ = rl.run_rl_step(s)
         return {"step_s": m["time/step"], "generate_s": m["time/generate"], "update_s": m["time/update"],
                 "positions": m["train/positions"]}
 

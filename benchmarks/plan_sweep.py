@@ -60,7 +60,7 @@ def run_planner(task: str, model: Path, out: Path, budgets: list[int], min_steps
         pilot = PilotResult.load(path)
     else:
         cfg = load_config(None, TINY + [f"data.task={task}", "data.eval_size=16"])
-        train, _ = setup_problems(cfg)
+        train, _ = setup_problems(cfg.data)
         pilot = run_pilot(load_policy(model), train, 64, 16, cfg.rollout.sampling, make_rollout(cfg), seed=0, model=str(model))
         path.write_text(json.dumps(pilot.to_json(), indent=1))
     k = PlanConstraints(min_steps=min_steps)

@@ -132,9 +132,10 @@ def _eval_curve(run: Path) -> list[tuple[int, float]]:
 
 def doctor_flags(run: Path) -> dict:
     """What `tether doctor RUN` reports: the replayed learned-reward findings and the diagnosis."""
-    from tether.health.doctor import _load_config, _load_rows, replay
+    from tether.config import load_doctor_config
+    from tether.health.doctor import _load_rows, replay
 
-    cfg = _load_config(run)
+    cfg = load_doctor_config(run)
     findings, hyps = replay(_load_rows(run), cfg, run)
     mine = [f.to_json() for f in findings if f.detector == "learned_reward"]
     return {"first_learned_reward_step": mine[0]["step"] if mine else None, "learned_reward_findings": mine[:4],
@@ -231,7 +232,7 @@ def run_seed(seed: int, out: Path, arms: list[str], quick: bool) -> dict:
         run_sft(load_config(CONFIG, base), out / "sft")
     res["sft"] = {"seconds": time.perf_counter() - t, "cpu_seconds": cpu_seconds() - c, "reused": reused}
     cfg = load_config(CONFIG, base)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     if "probe" in arms:  # the RM's ranking of the SFT policy's own samples, on the RM's held-out pair problems
         t, c = time.perf_counter(), cpu_seconds()
         res["probe"] = probe_rm(cfg, sft_model, (SOURCE or out) / "rm" / "final_model", train[800:1000], 8, seed + 5)

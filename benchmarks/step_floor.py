@@ -138,11 +138,11 @@ def tether_floor(size: str, model_dir: Path, precision: str, warmup: int, steps:
             kind = "warm-up" if i < warmup else ("timed" if (i - warmup) % 2 == 0 else "profiled")
             if kind == "profiled":
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-                    metrics, _ = rl.run_rl_step(st, cfg, collect=collect)
+                    metrics, _ = rl.run_rl_step(st, rl.RLVariant(collect=collect))
                 profiled.append({"index": i, "positions": metrics["train/positions"],
                                  **split_profile(prof, ("generate", "update"))})
             else:
-                metrics, _ = rl.run_rl_step(st, cfg, collect=collect)
+                metrics, _ = rl.run_rl_step(st, rl.RLVariant(collect=collect))
             if kind == "timed":
                 timed.append({"index": i, "step_s": metrics["time/step"], "generate_s": metrics["time/generate"],
                               "update_s": metrics["time/update"], "positions": metrics["train/positions"]})

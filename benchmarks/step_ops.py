@@ -48,11 +48,11 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp, labelled_regions() as collect:
         cfg, st = bench_state(build_model_dir(args.size, Path(tmp) / args.size), args.precision, args.compile == "true")
         for i in range(2):
-            met, _ = rl.run_rl_step(st, cfg, collect=collect)
+            met, _ = rl.run_rl_step(st, rl.RLVariant(collect=collect))
             st.step += 1
             print(f"step {i}: {met['time/step']:.3f} s (generate {met['time/generate']:.3f}, update {met['time/update']:.3f})")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            met, _ = rl.run_rl_step(st, cfg, collect=collect)
+            met, _ = rl.run_rl_step(st, rl.RLVariant(collect=collect))
         print(f"profiled step: {met['time/step']:.3f} s (the profiler slows the many small ops)")
     for region, (span_s, events) in region_events(prof, ("generate", "update")).items():
         agg: dict = defaultdict(lambda: [0.0, 0])

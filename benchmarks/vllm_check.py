@@ -76,7 +76,7 @@ def main() -> None:
     import torch
 
     from tether.config import SamplingConfig, load_config
-    from tether.dist.weights import compute_checksum, make_model_bundle, to_numpy_state
+    from tether.policy.weights import compute_checksum, make_model_bundle, to_numpy_state
     from tether.policy.hf import compute_logprobs, load_policy
 
     work = Path(tempfile.mkdtemp(prefix="tether-vllm-check-"))

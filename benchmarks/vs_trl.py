@@ -99,8 +99,8 @@ def build_model_dir(size: str, out: Path) -> Path:
 
     h, layers, heads, inter = SIZES[size]
     cfg = load_cfg(base_spec("tether", out, "fp32", 1, 0))
-    train, _ = setup_problems(cfg)
-    tok = build_tokenizer(tokenizer_corpus(cfg, train), 256)
+    train, _ = setup_problems(cfg.data)
+    tok = build_tokenizer(tokenizer_corpus(cfg.data, train), 256)
     tiny = TinyModelConfig(hidden_size=h, num_layers=layers, num_heads=heads, intermediate_size=inter, vocab_size=256)
     build_tiny_model(tiny, tok, out, seed=0)
     return out

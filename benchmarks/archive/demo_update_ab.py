@@ -49,8 +49,9 @@ def main(argv=None) -> dict:
 
     import tether.train.update as update
     from tether.train.setup import precision_summary
-    from tether.train.state import RLState
-    from tether.train.batch import make_train_batch
+    from tether.recipes.rl import build_train_batch
+    from tether.settings import RunSettings
+    from tether.train.state import build_rl_state
     from tether.rollout import collect_groups
     from vs_trl import machine_description
 
@@ -60,10 +61,10 @@ def main(argv=None) -> dict:
     before, after = _settings(args.change)
 
     groups, _ = collect_groups(st, cfg)
-    batch, _ = make_train_batch(st, cfg, groups)
+    batch, _ = build_train_batch(st, cfg, groups)
     if args.vocab:
         policy.model.resize_token_embeddings(args.vocab, mean_resizing=False)
-        st = RLState(cfg, policy, train)  # an optimizer over the resized parameters
+        st = build_rl_state(RunSettings(cfg), policy, train)  # an optimizer over the resized parameters
     times = {"before": [], "after": []}
     for i in range(2 * args.reps + 2):  # ABBA; the first two (one each) are warm-up
         name = ("before", "after")[(i + i // 2) % 2]
@@ -71,7 +72,7 @@ def main(argv=None) -> dict:
         s = copy.deepcopy(st)
         torch.manual_seed(0)
         t = time.perf_counter()
-        update.run_update(update.UpdateContext.from_run(s, cfg), batch)
+        update.run_update(update.UpdateContext.from_run(s, cfg.algo, cfg.train, cfg.rollout.sampling), batch)
         dt = time.perf_counter() - t
         after()
         if i >= 2:
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
         print(f"  [update] {name:7s} {dt:.3f} s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"change": args.change, "command": "python benchmarks/archive/demo_update_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "machine": machine_description(args.threads), "precision": precision_summary(cfg, policy),
+           "machine": machine_description(args.threads), "precision": precision_summary(cfg.model, policy),
            "model": args.model or "100-step SFT of the demo here", "vocab": policy.model.config.vocab_size, "sequences": batch.num_seqs,
            "positions": int(batch.attention_mask_BT.sum()), "loss_positions": int((batch.loss_mask_BT > 0).sum()),
            "update_s": times, "median_s": med, "after_over_before": med["after"] / med["before"], "wall_s": time.time() - t0}
@@ -100,8 +101,9 @@ def demo_state(model: str | None, threads: int):
     from tether.policy.hf import load_policy
     from tether.train.setup import seed_everything, setup_problems
     from tether.recipes.demo import demo_config_path
-    from tether.train.state import RLState
     from tether.recipes.sft import run_sft
+    from tether.settings import RunSettings
+    from tether.train.state import build_rl_state
 
     base = [f"run.threads={threads}", "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0",
             "health.mode=off", "sft.steps=100"]
@@ -113,9 +115,9 @@ def demo_state(model: str | None, threads: int):
         with tempfile.TemporaryDirectory(prefix="tether-demo-") as tmp:
             policy, _ = run_sft(cfg, Path(tmp) / "sft")
     torch.set_num_threads(threads)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     policy.model.train()
-    return cfg, policy, train, RLState(cfg, policy, train)
+    return cfg, policy, train, build_rl_state(RunSettings(cfg), policy, train)
 
 
 def _settings(change: str):

@@ -41,7 +41,7 @@ def main() -> None:
     out, sft = Path(a.out), Path(a.sft)
     base = [f"run.seed={a.seed}", "run.threads=1", "logging.progress=false"]
     cfg = load_config(rm_demo.CONFIG, base)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     # exactly rm_demo.run_seed's pairs
     pairs = rm_demo.build_pairs(cfg, sft, train[:800], (1.0, 1.5), 8, 0, a.seed)
     pairs += rm_demo.build_pairs(cfg, sft, train[:2000], (), 0, 4, a.seed)

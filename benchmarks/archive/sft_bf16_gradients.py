@@ -71,8 +71,8 @@ def main(argv=None) -> dict:
     t0 = time.time()
     cfg = load_config(DEMO, ["model.autocast_bf16=false"])  # fp32 for the pre-training
     seed_run(cfg.run)
-    train, _ = setup_problems(cfg)
-    policy = setup_policy(cfg, tempfile.mkdtemp(), train)
+    train, _ = setup_problems(cfg.data)
+    policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, tempfile.mkdtemp(), train)
     records = make_rollout(cfg).build_demo_records(policy, train, cfg)
     opt = build_optimizer(policy.model.parameters(), cfg.sft.lr, cfg.sft.weight_decay)
     sched = build_scheduler(opt, cfg.sft.steps, cfg.sft.warmup_steps, "cosine")

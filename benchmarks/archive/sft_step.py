@@ -45,9 +45,9 @@ def main(argv=None) -> dict:
     cfgs = {share: load_config(demo_config_path(), [f"train.share_prefix='{share}'"]) for share in ("off", "auto")}
     cfg = cfgs["auto"]
     seed_run(cfg.run)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     with tempfile.TemporaryDirectory() as tmp:
-        policy = setup_policy(cfg, Path(tmp), train)
+        policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, Path(tmp), train)
     records = build_demo_records(policy, cfg, train)
     policy.model.train()
     opt = build_optimizer(policy.model.parameters(), cfg.sft.lr, cfg.sft.weight_decay)
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
                 times[name].append((time.perf_counter() - t0, time.process_time() - c0))
     res = {name: {"wall_s": statistics.median(w for w, _ in v), "cpu_s": statistics.median(c for _, c in v)}
            for name, v in times.items()}
-    out = {"machine": machine, "precision": precision_summary(cfg, policy), "reps": a.reps,
+    out = {"machine": machine, "precision": precision_summary(cfg.model, policy), "reps": a.reps,
            "records": len(records), "mean_tokens": statistics.mean(len(r.ids) for r in records),
            "batch_size": cfg.sft.batch_size, "arms": res, "command": " ".join(["python"] + sys.argv)}
     out["machine"]["load_avg_end"] = list(os.getloadavg())

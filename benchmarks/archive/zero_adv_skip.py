@@ -40,11 +40,11 @@ sys.path.insert(0, str(HERE))
 
 
 def zeroing_build(k: int):
-    """make_train_batch, then the first k groups' advantages set to 0."""
-    from tether.train.batch import make_train_batch
+    """build_train_batch, then the first k groups' advantages set to 0."""
+    from tether.recipes.rl import build_train_batch
 
     def build(st, cfg, groups):
-        batch, bm = make_train_batch(st, cfg, groups)
+        batch, bm = build_train_batch(st, cfg, groups)
         batch.advantages_BT[batch.seq_group_B < k] = 0.0
         return batch, bm
     return build
@@ -60,7 +60,7 @@ def at_fraction(cfg, st, k: int, pairs: int, label: str) -> dict:
         return apply
 
     original = rl.run_rl_step
-    rl.run_rl_step = functools.partial(original, build=zeroing_build(k))
+    rl.run_rl_step = functools.partial(original, variant=rl.RLVariant(build=zeroing_build(k)))
     try:
         return paired_steps(cfg, st, {"full": setting(False), "skip": setting(True)}, pairs, label)
     finally:
@@ -90,7 +90,7 @@ def first_step_child(arm: str, size: str, precision: str) -> dict:
             s = copy.deepcopy(st)
             torch.manual_seed(0)
             random.seed(0)
-            m, _ = functools.partial(original, build=zeroing_build(k))(s, cfg)
+            m, _ = functools.partial(original, variant=rl.RLVariant(build=zeroing_build(k)))(s)
             updates.append(m["time/update"])
             print(f"  [{arm}] {k}/8 zero-advantage groups: update {m['time/update']:.2f} s", file=sys.stderr, flush=True)
     first, later = updates[2], sorted(updates[3:])
@@ -119,7 +119,7 @@ def per_call(size: str, precision: str, pairs: int) -> dict:
             cfg, st = bench_state(build_model_dir(size, Path(tmp) / size), precision, True)
             for name, k, epochs in (("zero-advantage 4/8", 4, 1), ("2 epochs (scoring pass)", 0, 2)):
                 cfg.algo.epochs = epochs
-                rl.run_rl_step = functools.partial(original, build=zeroing_build(k))
+                rl.run_rl_step = functools.partial(original, variant=rl.RLVariant(build=zeroing_build(k)))
                 out[name] = paired_steps(cfg, st, arms, pairs, f"{size} {precision} {name}")
     finally:
         rl.run_rl_step, lean_train.LeanShared.__call__ = original, one_graph

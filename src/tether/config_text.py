@@ -1,7 +1,6 @@
-"""The text side of tether.config: `a.b=c` overrides and pydantic errors as one readable line.
-
-Split out of tether/config.py (the section models) to keep each module within the house budget;
-tether.config re-exports these names.
+"""The text side of the config: `a.b=c` overrides, pydantic errors as one readable line, and the
+YAML a run directory keeps. Below every package (each owns its config section, `tether.section`);
+`tether.config` re-exports these names.
 """
 
 from __future__ import annotations
@@ -77,3 +76,9 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
             got = "" if e["type"] == "value_error" else f" (got {e.get('input')!r})"
             lines.append(f"{dotted}: {msg}{got}" if loc else msg)
     return f"invalid config {source}: " + "; ".join(lines)
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """A config as the YAML written into a run directory (config.yaml)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+

@@ -31,7 +31,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 # flags worth recording: what decides the precision, and what decides the speed of fp32 kernels
 _X86_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx512_vnni", "avx_vnni")
@@ -157,17 +157,15 @@ def resolve_autocast(setting: bool | str, device: str | Any = "cpu") -> bool:
     return choose_precision(setting, str(device)).autocast_bf16
 
 
-def precision_record(setting: bool | str, device: str, autocast_bf16: bool) -> dict[str, Any]:
+def precision_record(setting: bool | str, device: str, autocast_bf16: bool,
+                     kernels: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a run's summary.json and a benchmark result record: the setting, the precision used,
-    why, the CPU (model, class, generation, flags) and, on a CPU, the linear layers' kernels (tether.policy.cpu_gemm)."""
+    why, the CPU (model, class, generation, flags) and, on a CPU, `kernels`: the linear layers'
+    kernels (`tether.policy.cpu_gemm.describe()`; tether.train.setup.precision_summary passes them)."""
     choice = choose_precision(setting, device)
     reason = choice.reason if choice.autocast_bf16 == autocast_bf16 else "inherited from the policy passed in"
     info = cpu_info()
-    gemm = {}
-    if str(device).startswith("cpu"):
-        from tether.policy import cpu_gemm
-
-        gemm = {"cpu_linear": cpu_gemm.backend(), "cpu_linear_reason": cpu_gemm.reason()}
+    gemm = dict(kernels or {}) if str(device).startswith("cpu") else {}
     return {"setting": setting, "autocast_bf16": bool(autocast_bf16), "precision": "bf16" if autocast_bf16 else "fp32",
             "reason": reason, "device": device, **gemm, "cpu": info["model"], "cpu_class": cpu_class(info),
             "cpu_generation": cpu_generation(info), "cpu_flags": info["flags"], "cores": info["cores"], **({"isa_mask": info["isa_mask"]} if "isa_mask" in info else {})}

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tether.config import TetherConfig
 from tether.errors import InputError
+from tether.policy.pretrained import check_model_dir, check_tokenizer
 
 
 def check_run_dir(run_dir: str | Path) -> None:
@@ -46,30 +46,6 @@ def check_steps(cfg: TetherConfig, kind: str) -> None:
                          "(to evaluate a model without training, use `tether eval CONFIG`)")
 
 
-def check_model_dir(p: Path) -> None:
-    """A directory with a config.json (what `from_pretrained` reads first)."""
-    if not p.is_dir():
-        what = "is a file" if p.exists() else "no such directory"
-        raise InputError(f"model.path={str(p)!r}: {what} (a local Hugging Face model directory is expected)")
-    if not (p / "config.json").is_file():
-        raise InputError(f"model.path={str(p)!r}: no config.json inside — is this a Hugging Face model directory?")
-
-
-def load_pretrained(p: Path, dtype) -> tuple[Any, Any]:
-    """(model, tokenizer) of a local directory; whatever stops transformers (damaged weights, a foreign
-    config, a size mismatch) and a tokenizer larger than the embedding become one InputError line."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except Exception as err:  # noqa: BLE001 - SafetensorError, OSError, ValueError, RuntimeError, ...
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise InputError(f"model.path={str(p)!r}: transformers cannot load it ({first})") from err
-    check_tokenizer(tokenizer, model.get_input_embeddings().num_embeddings, None, f"model.path={str(p)!r}")
-    return model, tokenizer
-
-
 def _read_model_config(p: Path) -> dict[str, Any]:
     check_model_dir(p)
     cfg_file = p / "config.json"
@@ -80,17 +56,6 @@ def _read_model_config(p: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "model_type" not in data:
         raise InputError(f"{cfg_file}: no \"model_type\" key; transformers cannot tell which architecture to build")
     return data
-
-
-def check_tokenizer(tokenizer, embedding_rows: int | None, needs_template: str | None, where: str) -> None:
-    """The tokenizer's ids fit the embedding; a chat template exists when `needs_template` says why."""
-    if needs_template and getattr(tokenizer, "chat_template", None) is None:
-        raise InputError(f"{needs_template} renders prompts with a chat template, but the tokenizer of {where} has "
-                         "none: set data.chat=false, or use a chat model (or add chat_template to its tokenizer_config.json)")
-    n = len(tokenizer)
-    if embedding_rows is not None and n > embedding_rows:
-        raise InputError(f"{where}: the tokenizer has {n} tokens but the model's embedding has {embedding_rows} rows "
-                         "(ids past it would crash): use the tokenizer saved with this model")
 
 
 def check_model_path(cfg: TetherConfig, needs_template: str | None) -> None:
@@ -132,15 +97,11 @@ def check_run_inputs(cfg: TetherConfig, run_dir: str | Path, kind: str) -> None:
 def check_data(cfg: TetherConfig) -> bool:
     """Read or generate the problems as the recipe will (DataError names file:line for encoding,
     JSON, missing keys, duplicate ids); returns whether the task is a multi-turn environment."""
-    from tether.tasks import load_jsonl, make_splits
+    from tether.tasks import make_splits
+    from tether.tasks.sources import check_source
 
     d = cfg.data
-    if d.task == "jsonl":
-        for path in (d.path, d.eval_path):
-            if path:
-                load_jsonl(path)
-        return False
-    if d.task == "hf":  # a `datasets` source: read by the recipe (tether.tasks.hf)
+    if check_source(d):  # a data source's rows (tether.tasks.sources): read as the recipe will
         return False
     make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)  # UnknownNameError lists the tasks
     from tether.rollout import make_rollout
@@ -148,31 +109,3 @@ def check_data(cfg: TetherConfig) -> bool:
     return make_rollout(cfg).multi_turn  # a fact of the task's rollout (tether.rollout), not a name test
 
 
-def fit_prompts(problems: Sequence[dict[str, Any]], tokenizer, limit: int, chat: bool, on_overlong: str,
-                what: str) -> list[dict[str, Any]]:
-    """The problems whose prompt fits in `limit` tokens; the others are skipped with one warning
-    that counts them (`on_overlong="skip"`) or refused (`"error"`, and always when none fit)."""
-    from tether.rollout import encode_prompt
-
-    kept, over = [], []
-    for p in problems:
-        n = len(encode_prompt(tokenizer, p, chat))
-        (over if n > limit else kept).append((p, n))
-    if over:
-        (first, n) = over[0]
-        msg = (f"{len(over)} of {len(problems)} {what} prompts are longer than {limit} tokens "
-               f"(first: id {first.get('id')!r}, {n} tokens)")
-        if on_overlong == "error" or not kept:
-            raise InputError(f"{msg}: raise rollout.max_prompt_tokens, shorten the prompts, or set data.on_overlong=skip")
-        warnings.warn(f"{msg}: skipped (data.on_overlong=skip; set data.on_overlong=error to refuse)", stacklevel=2)
-    return [p for p, _ in kept]
-
-
-def compute_prompt_limit(cfg: TetherConfig, max_positions: int) -> int:
-    """Prompt tokens that fit: rollout.max_prompt_tokens, and the model's context minus the longest completion."""
-    new = max(cfg.rollout.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
-    room = max_positions - new
-    if room <= 0:
-        raise InputError(f"rollout/eval.sampling.max_new_tokens={new} leaves no room for a prompt in the model's "
-                         f"context of {max_positions} positions: lower max_new_tokens")
-    return min(cfg.rollout.max_prompt_tokens, room)

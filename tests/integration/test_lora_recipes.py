@@ -10,8 +10,7 @@ import torch
 pytest.importorskip("peft")
 
 from tether.config import load_config  # noqa: E402
-from tether.train.state import RLState  # noqa: E402
-from tether.recipes.rl import run_rl
+from tether.recipes.rl import run_rl  # noqa: E402
 from tether.recipes.sft import run_sft  # noqa: E402
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
@@ -67,14 +66,16 @@ def test_lora_reference_shares_the_base_weights(tmp_path):
     from tether.policy.hf import make_policy
     from tether.policy.lora import is_lora
     from tether.policy.tiny import build_tiny_model, build_tokenizer
+    from tether.settings import RunSettings
+    from tether.train.state import build_rl_state
     from tether.train.setup import attach_lora
 
     cfg = load_config(None, RL + ["train.steps=1"])
     tok = build_tokenizer(["abc cba", "hello olleh"], 64)
     policy = make_policy(build_tiny_model(cfg.model.tiny, tok, tmp_path / "base", seed=0), tok)
     before = sum(p.numel() for p in policy.model.parameters())
-    attach_lora(policy, cfg, tmp_path / "base")
-    st = RLState(cfg, policy, [{"prompt": "abc", "answer": "cba"}])
+    attach_lora(policy, cfg.model.lora, tmp_path / "base")
+    st = build_rl_state(RunSettings(cfg), policy, [{"prompt": "abc", "answer": "cba"}])
     assert is_lora(policy.model) and st.ref.base_only and st.ref.model is policy.model
     ptrs = {p.data_ptr() for p in policy.model.parameters()}
     assert all(p.data_ptr() in ptrs for p in st.ref.model.parameters())  # no second copy
@@ -145,7 +146,7 @@ def test_stage_recipes_save_a_lora_policy_as_an_adapter_that_loads_merged(tmp_pa
     cfg = load_config(None, RL + ["train.steps=1"])
     tok = build_tokenizer(["abc cba", "hello olleh"], 64)
     policy = make_policy(build_tiny_model(cfg.model.tiny, tok, tmp_path / "base", seed=0), tok)
-    attach_lora(policy, cfg, tmp_path / "base")
+    attach_lora(policy, cfg.model.lora, tmp_path / "base")
     with torch.no_grad():
         for n, p in policy.model.named_parameters():
             if "lora_B" in n:

@@ -69,6 +69,31 @@ def test_resume_is_exact(tmp_path, k):
     assert full["final_accuracy"] == pytest.approx(resumed["final_accuracy"])
 
 
+def test_run_settings_changed_during_a_run_are_logged_checkpointed_and_resumed_exactly(tmp_path):
+    # a config fault (faultbench's epoch_overuse) changes algo.epochs at step 2: a run-settings
+    # change (tether.settings), not an assignment into the frozen config; the checkpoint carries it,
+    # the resumed run trains under it bit for bit and logs it once (settings.jsonl)
+    from tether.io.checkpoint import find_latest_checkpoint
+
+    base = TINY + ["data.task=reverse", "data.train_size=8", "data.eval_size=4", "train.lr=1e-3",
+                   "rollout.problems_per_step=4", "rollout.n=4", "rollout.sampling.max_new_tokens=6",
+                   "eval.sampling.max_new_tokens=6", "reward.isolation=inline", "health.mode=off",
+                   "health.inject=[{name: epoch_overuse, severity: subtle, start: 2}]"]
+    run_rl(load_config(None, base + ["train.steps=4"]), tmp_path / "full")
+    cfg = load_config(None, base + ["train.steps=3"])
+    run_rl(cfg, tmp_path / "part")
+    assert cfg.algo.epochs == 1  # the config object itself was never changed
+    extra = torch.load(find_latest_checkpoint(tmp_path / "part") / "trainer_state.pt", weights_only=True)["extra_state"]
+    assert extra["settings"] == {"overrides": [["algo.epochs", 4]]}
+    run_rl(load_config(None, base + ["train.steps=4"]), tmp_path / "part", resume=True)
+    a = {r["step"]: r for r in rows(tmp_path / "full") if "pg_loss" in r}
+    b = {r["step"]: r for r in rows(tmp_path / "part") if "pg_loss" in r}
+    for key in ("pg_loss", "reward/mean", "grad_norm", "entropy"):
+        assert a[4][key] == pytest.approx(b[4][key], rel=1e-5, abs=1e-7), key
+    events = [[json.loads(x) for x in (tmp_path / run / "settings.jsonl").read_text().splitlines()] for run in ("full", "part")]
+    assert events[0] == events[1] == [{"step": 2, "path": "algo.epochs", "old": 1, "new": 4, "source": "fault epoch_overuse"}]
+
+
 def test_raising_reward_is_counted_and_masked(tmp_path, monkeypatch):
     from tether.rewards import REWARD_FUNCTIONS  # noqa: F401 (registry import side effect)
 

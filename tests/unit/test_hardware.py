@@ -84,13 +84,13 @@ def test_setup_policy_resolves_logs_and_records(fake_cpu, tmp_path, capsys, info
 
     fake_cpu(info)
     cfg = _tiny_cfg(extra)
-    train, _ = setup_problems(cfg)
-    policy = setup_policy(cfg, tmp_path, train)
+    train, _ = setup_problems(cfg.data)
+    policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path, train)
     assert policy.autocast_bf16 is expected
     out = capsys.readouterr().out
     assert f"[tether] precision: {'bf16 autocast' if expected else 'fp32'}" in out
     assert "[tether] CPU linear layers: " in out
-    rec = precision_summary(cfg, policy)
+    rec = precision_summary(cfg.model, policy)
     assert rec["cpu_linear"] in ("onednn", "blas") and rec["cpu_linear_reason"]
     assert rec["precision"] == ("bf16" if expected else "fp32") and rec["cpu"] == info["model"]
     assert rec["cpu_flags"] == info["flags"] and rec["setting"] == cfg.model.autocast_bf16

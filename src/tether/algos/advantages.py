@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from tether.algos.base import ADVANTAGES, AdvantageFacts, AdvantageInputs, AdvantageOutputs
-from tether.config import AdvantageConfig
+from tether.algos.config import AdvantageConfig
 
 _F64 = torch.float64
 

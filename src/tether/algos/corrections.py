@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from tether.algos.base import GROUP_FILTERS, IS_CORRECTIONS, ISInputs, Metrics
-from tether.config import DynamicSamplingConfig, ISCorrectionConfig
+from tether.algos.config import DynamicSamplingConfig, ISCorrectionConfig
 
 # |log ratio| clamp before exp: exp(20) ~ 4.9e8 is finite in float32, and any weight
 # that large is truncated or masked anyway.

@@ -29,7 +29,7 @@ import torch
 
 from tether.algos.advantages import _group_stats
 from tether.algos.base import ADVANTAGES, AdvantageFacts, AdvantageInputs, AdvantageOutputs
-from tether.config import AdvantageConfig
+from tether.algos.config import AdvantageConfig
 
 _F64 = torch.float64
 

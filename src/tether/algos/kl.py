@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from tether.algos.base import KL_ESTIMATORS, KLInputs
-from tether.config import KLConfig
+from tether.algos.config import KLConfig
 
 
 def _where_mask(x_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 from tether.algos.base import POLICY_LOSSES, Metrics, PolicyLossFacts, PolicyLossInputs
 
 LINEAR_IN_ADVANTAGE = PolicyLossFacts(zero_at_zero_advantage=True)
-from tether.config import PolicyLossConfig
+from tether.algos.config import PolicyLossConfig
 
 
 def _where_mask(x_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from tether.algos.advantages import normalize_by_task
 from tether.algos.base import ADVANTAGES, AdvantageInputs, AdvantageOutputs
-from tether.config import AdvantageConfig
+from tether.algos.config import AdvantageConfig
 
 
 def compute_advantages(inp: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutputs:

@@ -92,12 +92,13 @@ def _eval_policy(t: Target, out_dir: Path, plot: bool) -> tuple[dict[str, Any], 
     from tether.eval.runner import run_eval
     from tether.policy.hf import load_policy
     from tether.rollout import make_rollout
-    from tether.train.setup import seed_run, setup_problems
+    from tether.train.setup import configure_process, seed_run, setup_problems
 
     cfg = t.cfg
     seed_run(cfg.run)
+    configure_process(cfg.sandbox, cfg.model)
     policy = load_policy(t.model, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
-    _, held_out = setup_problems(cfg)
+    _, held_out = setup_problems(cfg.data)
     extra: dict[str, Any] = {}
     rollout = make_rollout(cfg)  # the run's own rollout: single-turn samples or environment episodes
     metrics, rows = run_eval(policy, held_out, cfg.eval, rollout, cfg.reward, seed=cfg.run.seed + 17, curves_out=extra)

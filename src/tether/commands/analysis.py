@@ -30,9 +30,9 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
         pilot = PilotResult.load(pilot_file)
     else:
         from tether.policy.hf import load_policy
-        from tether.train.setup import seed_run, setup_problems
         from tether.api.evaluate import resolve_target
         from tether.errors import UserError
+        from tether.train.setup import configure_process, seed_run, setup_problems
         from tether.rollout import make_rollout
 
         t = resolve_target(target, overrides)
@@ -45,8 +45,9 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
             note(t.note)
         cfg, model_dir = t.cfg, t.model
         seed_run(cfg.run)
+        configure_process(cfg.sandbox, cfg.model)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
-        train, _ = setup_problems(cfg)
+        train, _ = setup_problems(cfg.data)
         pilot = run_pilot(policy, train, pilot_problems, pilot_samples, cfg.rollout.sampling, make_rollout(cfg),
                           seed=cfg.run.seed, model=str(model_dir))
     if save_pilot is not None:

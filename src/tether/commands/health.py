@@ -31,13 +31,14 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
     """Health of a run: findings, ranked root causes with evidence, and repairs taken."""
+    from tether.config import load_doctor_config
     from tether.health.doctor import examine, format_report
 
     if not run_dir.is_dir():
         typer.echo(f"tether: error: {run_dir}: not a directory", err=True)
         raise typer.Exit(2)
     try:
-        rep = examine(run_dir)
+        rep = examine(run_dir, load_doctor_config(run_dir))
     except (FileNotFoundError, ValueError) as err:
         typer.echo(f"tether: error: {err}", err=True)
         raise typer.Exit(1)

@@ -2,7 +2,6 @@
 
     config.py      the `dist:` config section and its consistency checks (explicit off-policy correction)
     cluster.py     start or join Ray, preflight resource check (fails fast, never hangs), placement
-    weights.py     numpy state dicts, checksums, the model bundle a worker starts from
     worker.py      RolloutWorker: weight-sync handshake + probe, admission guard, orders -> groups
     controller.py  AsyncRollouts: publish weights, admission control, the queue, failure handling
     staleness.py   admission rule and staleness metrics (histogram)

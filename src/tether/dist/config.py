@@ -16,21 +16,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from tether.section import Section
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # inf/nan refused everywhere
 
-
-class ResourceConfig(_Base):
+class ResourceConfig(Section):
     """Ray resources of one actor (one bundle of the placement group)."""
 
     cpus: float = Field(1.0, ge=0, description="logical CPUs")
     gpus: float = Field(0.0, ge=0, description="GPUs (fractions share a device)")
 
 
-class PlacementConfig(_Base):
+class PlacementConfig(Section):
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Ray placement-group strategy over all rollout-worker and trainer bundles")
     rollout: ResourceConfig = ResourceConfig()
@@ -39,7 +38,7 @@ class PlacementConfig(_Base):
     timeout_s: float = Field(60.0, gt=0, description="placement group not ready within this: fail with the reason")
 
 
-class PartialRolloutConfig(_Base):
+class PartialRolloutConfig(Section):
     """Turn-level partial rollouts (Kimi-Researcher): a group whose episodes generated more than
     `token_budget` tokens in one rollout step is parked at its next turn and continued in a later
     step with the newer weights; every turn records the policy version that produced it."""
@@ -48,7 +47,7 @@ class PartialRolloutConfig(_Base):
     max_parks: int = Field(1, ge=1, description="a group parked this many times runs to completion when resumed")
 
 
-class CrossPolicyConfig(_Base):
+class CrossPolicyConfig(Section):
     """Cross-policy sampling (AgentRL): each rollout step's acting policy is drawn from the
     current weights and a pool of recent ones; the rollout log-probs come from the policy that acted."""
 
@@ -59,7 +58,7 @@ class CrossPolicyConfig(_Base):
     decay: float = Field(0.5, gt=0, le=1, description="geometric: weight ratio between consecutive ages")
 
 
-class SyncConfig(_Base):
+class SyncConfig(Section):
     """Weight sync: numpy through the object store, a checksum handshake and a probe."""
 
     probe_tol: float = Field(1e-3, gt=0, description="max |logp rollout - logp trainer| on the probe (nats)")
@@ -67,20 +66,20 @@ class SyncConfig(_Base):
     probe_problems: int = Field(2, ge=1, description="training prompts concatenated into the probe sequence")
 
 
-class VLLMConfig(_Base):
+class VLLMConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     enforce_eager: bool = True
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     max_model_len: int | None = Field(None, gt=0, description="default: the model's positions")
 
 
-class FaultConfig(_Base):
+class FaultConfig(Section):
     """Resilience testing: kill a rollout worker while a step's orders are in flight."""
 
     kill_worker_at_step: int | None = Field(None, ge=1, description="RL step (1-based) at which worker 0 is killed")
 
 
-class DistConfig(_Base):
+class DistConfig(Section):
     ray_address: str | None = Field(
         None, description="None: start a local Ray instance; 'auto' or 'ray://host:10001': join a cluster (ray start)")
     num_cpus: int | None = Field(None, gt=0, description="local instance only: logical CPUs (default: this machine's)")

@@ -37,7 +37,7 @@ import torch
 
 from tether.dist.cluster import compute_bundles, make_actor_options, make_placement_group
 from tether.dist.staleness import compute_admissible_batches, compute_lags, compute_staleness_metrics
-from tether.dist.weights import compute_checksum, make_model_bundle, make_publish_state, to_numpy_state
+from tether.policy.weights import compute_checksum, make_model_bundle, make_publish_state, to_numpy_state
 from tether.dist.worker import Order, RolloutWorker, StaleWorkerError, merge_metrics
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as tdist
 
+from tether.algos.config import AlgoConfig
 from tether.dist.trainer import DataParallel
+from tether.train.config import TrainConfig
 
 
 def _run_sharded(self: torch.nn.Module, fn: Callable[[], Any]) -> Any:
@@ -145,7 +147,7 @@ class ShardedDataParallel(DataParallel):
             torch._foreach_mul_(grads, float(self.world))
 
 
-def shard_run_state(st: Any, cfg: Any, rank: int, world: int) -> ShardedDataParallel:
+def shard_run_state(st: Any, train: TrainConfig, algo: AlgoConfig, rank: int, world: int) -> ShardedDataParallel:
     """Turn an RLState's replica into FSDP2 shards (every rank at once: a collective).
 
     Followers shard their policy in place; rank 0 shards a copy and keeps `st.policy` plain (one
@@ -158,7 +160,7 @@ def shard_run_state(st: Any, cfg: Any, rank: int, world: int) -> ShardedDataPara
 
     from tether.optim import build_optimizer, build_scheduler
 
-    plain, t, a = st.policy.model, cfg.train, cfg.algo
+    plain, t, a = st.policy.model, train, algo
     old_opt, old_sched = st.optimizer, st.scheduler
     if len(old_opt.param_groups) != 1:
         raise ValueError("dist.trainer_sharding=fsdp2 shards one parameter group (the policy's; no critic)")

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Any, Mapping
 
 from tether.dist.config import CrossPolicyConfig
-from tether.dist.weights import from_numpy_state
+from tether.policy.weights import from_numpy_state
 
 
 def compute_pool_weights(ages: list[int], rule: str, decay: float) -> list[float]:

@@ -139,14 +139,15 @@ class TrainerFollower:
 
     def __init__(self, rank: int, world: int, bundle: Mapping[str, Any], cfg: Any,
                  train_problems: Sequence[Mapping[str, Any]], threads: int = 1) -> None:
-        from tether.dist.weights import build_policy_from_bundle
-        from tether.train.state import RLState
+        from tether.policy.weights import build_policy_from_bundle
+        from tether.settings import RunSettings
+        from tether.train.state import build_rl_state
 
         torch.set_num_threads(max(1, threads))
         self.rank, self.world, self.cfg = rank, world, cfg
         policy = build_policy_from_bundle(bundle, cfg.model.device)
         policy.model.train()
-        self.st = RLState(cfg, policy, list(train_problems))
+        self.st = build_rl_state(RunSettings(cfg), policy, list(train_problems))
         self.dp: DataParallel | None = None
 
     def load_state(self, extra: Mapping[str, Any], optimizer: Mapping[str, Any], scheduler: Mapping[str, Any]) -> int:
@@ -165,7 +166,7 @@ class TrainerFollower:
         """dist.trainer_sharding=fsdp2: this rank's replica becomes its shards (with rank 0's, a collective)."""
         from tether.dist.fsdp import shard_run_state
 
-        self.dp = shard_run_state(self.st, self.cfg, self.rank, self.world)
+        self.dp = shard_run_state(self.st, self.cfg.train, self.cfg.algo, self.rank, self.world)
         return self.rank
 
     def follow(self) -> int:
@@ -175,7 +176,7 @@ class TrainerFollower:
         st, cfg, n = self.st, self.cfg, 0
         while True:
             try:
-                run_update(UpdateContext.from_run(st, cfg, self.dp), None)
+                run_update(UpdateContext.from_run(st, cfg.algo, cfg.train, cfg.rollout.sampling, self.dp), None)
             except _Stop:
                 break
             n += 1
@@ -183,7 +184,7 @@ class TrainerFollower:
         return n
 
     def state_checksum(self) -> str:
-        from tether.dist.weights import compute_state_checksum
+        from tether.policy.weights import compute_state_checksum
 
         return compute_state_checksum(self.st.policy.model)
 
@@ -201,7 +202,7 @@ class TrainerGroup:
         import ray
 
         from tether.dist.cluster import make_actor_options
-        from tether.dist.weights import make_model_bundle
+        from tether.policy.weights import make_model_bundle
 
         d, world = self.cfg.dist, self.cfg.dist.trainer_workers
         bundle = ray.put(make_model_bundle(st.policy))
@@ -221,7 +222,7 @@ class TrainerGroup:
             from tether.dist.fsdp import shard_run_state
 
             shards = [f.shard.remote() for f in self.followers]
-            self.dp = shard_run_state(st, self.cfg, 0, world)
+            self.dp = shard_run_state(st, self.cfg.train, self.cfg.algo, 0, world)
             ray.get(shards)
         self.loops = [f.follow.remote() for f in self.followers]
         return self.dp

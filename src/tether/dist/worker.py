@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tether.dist.weights import compute_checksum, from_numpy_state, make_publish_state, to_numpy_state
+from tether.policy.weights import compute_checksum, from_numpy_state, make_publish_state, to_numpy_state
 
 
 class StaleWorkerError(RuntimeError):
@@ -88,7 +88,7 @@ def merge_metrics(parts: Sequence[tuple[Mapping[str, float], float]]) -> dict[st
 
 
 class RolloutWorker:
-    """See the module docstring. Construct with the model bundle (`tether.dist.weights`)."""
+    """See the module docstring. Construct with the model bundle (`tether.policy.weights`)."""
 
     def __init__(self, index: int, bundle: Mapping[str, Any], cfg: Any, seed: int, device: str = "cpu",
                  train_problems: Sequence[Mapping[str, Any]] | None = None, threads: int | None = None) -> None:
@@ -125,7 +125,7 @@ class RolloutWorker:
             from tether.policy.vllm import build_vllm_policy  # lazy: the CPU path never imports vllm
 
             return build_vllm_policy(bundle, cfg.dist.vllm, seed=cfg.run.seed)
-        from tether.dist.weights import build_policy_from_bundle
+        from tether.policy.weights import build_policy_from_bundle
 
         return build_policy_from_bundle(bundle, device)
 

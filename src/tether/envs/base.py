@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from tether.envs.tools import ParsedAction, Tool, parse_tool_calls
 from tether.types import Message
 from tether.registry import Registry
-from tether.tasks import TASKS, TaskSpec
+from tether.tasks import SPEC_HANDLERS, TASKS, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,20 @@ def register_env(name: str) -> Callable[[Callable[[], EnvSpec]], Callable[[], En
         return factory
 
     return deco
+
+
+def _register_user_env(name: str, spec: Any) -> bool:
+    """`data.task=package.module:factory` whose factory returns an EnvSpec: registered under that
+    name, and under its own `EnvSpec.name` (the name its problems carry in "env")."""
+    if not isinstance(spec, EnvSpec):
+        return False
+    register_env(name)(lambda: spec)
+    if spec.name not in ENVS:
+        ENVS.register(spec.name)(lambda: spec)
+    return True
+
+
+SPEC_HANDLERS.append(_register_user_env)
 
 
 def get_spec(task: Mapping[str, Any]) -> EnvSpec:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Sequence
 
-from tether.config import ConfigError
+from tether.config_text import ConfigError
 from tether.envs.tools import parse_tool_calls
 from tether.types import Message
 

@@ -13,7 +13,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tether.config import EvalConfig, RewardComponentConfig, RewardConfig, SamplingConfig
+from tether.eval.config import EvalConfig
+from tether.policy.config import SamplingConfig
+from tether.rewards.config import RewardComponentConfig, RewardConfig
 from tether.eval.tts import ProblemSamples, compute_pass_rates, compute_power_of_two_metrics, compute_tts_curves
 from tether.policy.hf import HFPolicy
 from tether.rewards import extract_answer

@@ -1,6 +1,6 @@
 """Training health: telemetry, detectors, diagnosis, remediation and fault injection.
 
-    st.faults = build_faults(cfg.health.inject, st, cfg)   # seams; NO_FAULTS when none injected
+    st.faults = build_faults(cfg.health.inject, st)        # seams; NO_FAULTS when none injected
     st.health = build_health(cfg, run_dir, st)             # the monitor: observe() after each step
 
 Modules: `telemetry` (signals + history), `detectors` (one documented rule each), `diagnosis`

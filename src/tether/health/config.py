@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from tether.section import Section
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # inf/nan refused everywhere
 
-
-class FaultSpecConfig(_Base):
+class FaultSpecConfig(Section):
     """One injected fault (see `tether faultbench --list`)."""
 
     name: str = Field(..., description="a registered fault, or 'package.module:ClassName'")
@@ -27,7 +26,7 @@ class FaultSpecConfig(_Base):
     params: dict[str, Any] = Field(default_factory=dict, description="overrides of the severity's parameters")
 
 
-class HealthConfig(_Base):
+class HealthConfig(Section):
     mode: Literal["off", "advise", "auto"] = Field(
         "advise", description="off | advise: detect + diagnose + report | auto: also roll back and repair")
     baseline_skip: int = Field(4, ge=0, description="first steps kept out of the baseline (the post-SFT transient)")

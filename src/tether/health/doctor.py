@@ -13,8 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tether.health.detectors import Finding, RunContext
 from tether.health.diagnosis import diagnose
 
@@ -30,17 +28,6 @@ def _load_rows(run: Path) -> list[dict[str, Any]]:
         if isinstance(row.get("step"), int):
             by_step.setdefault(row["step"], {}).update(row)
     return [by_step[s] for s in sorted(by_step) if s > 0 and "reward/mean" in by_step[s]]
-
-
-def _load_config(run: Path) -> Any:
-    from tether.config import TetherConfig, build_config
-
-    path = run / "config.yaml"
-    if not path.exists():
-        return TetherConfig()
-    data = yaml.safe_load(path.read_text()) or {}
-    data.setdefault("health", {})["inject"] = []  # the doctor is not told what was injected
-    return build_config(data, str(path))
 
 
 def _contexts(cfg: Any, run: Path | None) -> dict[int, RunContext]:
@@ -98,11 +85,10 @@ def _events(run: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def examine(run_dir: str | Path) -> dict[str, Any]:
-    """The doctor's report as a JSON-ready dict."""
+def examine(run_dir: str | Path, cfg: Any) -> dict[str, Any]:
+    """The doctor's report as a JSON-ready dict; `cfg`: the run's config (`tether.config.load_doctor_config`)."""
     run = Path(run_dir)
     rows = _load_rows(run)
-    cfg = _load_config(run)
     findings, hyps = replay(rows, cfg, run)
     by_det: dict[str, dict[str, Any]] = {}
     for f in findings:

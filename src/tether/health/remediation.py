@@ -86,14 +86,11 @@ class Change:
         return {"path": self.path, "old": self.old, "new": self.new}
 
 
-def _set_cfg(cfg: Any, path: str, value: Any) -> Change:
-    *parents, leaf = path.split(".")
-    node = cfg
-    for p in parents:
-        node = getattr(node, p)
-    old = getattr(node, leaf)
-    setattr(node, leaf, value)
-    return Change(path, old, value, lambda: setattr(node, leaf, old))
+def _set_cfg(st: Any, path: str, value: Any) -> Change:
+    """Put `value` in force at a config path from the next step on: a run-settings change
+    (`st.settings`, tether.settings: checkpointed, logged to settings.jsonl); undo puts back the old value."""
+    old = st.settings.set(path, value, source="health", step=st.step)
+    return Change(path, old, value, lambda: st.settings.set(path, old, source="health: revert", step=st.step))
 
 
 def _set_lr(st: Any, factor: float) -> Change:
@@ -145,17 +142,17 @@ def _restore_clip(st, cfg, ev):
     if pl.clip_low < 0.9 and pl.clip_high < 1.0:
         return []
     d = type(pl).model_fields
-    return [_set_cfg(cfg, "algo.policy_loss.clip_low", d["clip_low"].default),
-            _set_cfg(cfg, "algo.policy_loss.clip_high", d["clip_high"].default)]
+    return [_set_cfg(st, "algo.policy_loss.clip_low", d["clip_low"].default),
+            _set_cfg(st, "algo.policy_loss.clip_high", d["clip_high"].default)]
 
 
 def _lower_epochs(st, cfg, ev):
     """One pass over each batch: every extra epoch moves the policy further from the one that sampled."""
-    return [_set_cfg(cfg, "algo.epochs", 1)] if cfg.algo.epochs > 1 else []
+    return [_set_cfg(st, "algo.epochs", 1)] if cfg.algo.epochs > 1 else []
 
 
 def _drop_entropy_bonus(st, cfg, ev):
-    return [_set_cfg(cfg, "algo.entropy_coef", 0.0)] if cfg.algo.entropy_coef > 0 else []
+    return [_set_cfg(st, "algo.entropy_coef", 0.0)] if cfg.algo.entropy_coef > 0 else []
 
 
 def _raise_kl(st, cfg, ev):
@@ -172,7 +169,7 @@ def _raise_kl(st, cfg, ev):
 
         changes.append(Change("reference", None, "snapshot weights", drop_ref))
     old_coef = st.update.kl_coef
-    changes.append(_set_cfg(cfg, "algo.kl.coef", new))
+    changes.append(_set_cfg(st, "algo.kl.coef", new))
     st.update.kl_coef = new
 
     def undo_coef() -> None:
@@ -184,21 +181,21 @@ def _raise_kl(st, cfg, ev):
 
 def _tighten_clip(st, cfg, ev):
     pl = cfg.algo.policy_loss
-    return [_set_cfg(cfg, "algo.policy_loss.clip_low", pl.clip_low * 0.5),
-            _set_cfg(cfg, "algo.policy_loss.clip_high", pl.clip_high * 0.5)]
+    return [_set_cfg(st, "algo.policy_loss.clip_low", pl.clip_low * 0.5),
+            _set_cfg(st, "algo.policy_loss.clip_high", pl.clip_high * 0.5)]
 
 
 def _enable_is(st, cfg, ev):
     c = cfg.algo.correction
     if c.mode == "mask" and c.level == "sequence":
         return []
-    return [_set_cfg(cfg, "algo.correction.threshold_low", 0.5), _set_cfg(cfg, "algo.correction.level", "sequence"),
-            _set_cfg(cfg, "algo.correction.mode", "mask")]
+    return [_set_cfg(st, "algo.correction.threshold_low", 0.5), _set_cfg(st, "algo.correction.level", "sequence"),
+            _set_cfg(st, "algo.correction.mode", "mask")]
 
 
 def _raise_temperature(st, cfg, ev):
     t = cfg.rollout.sampling.temperature
-    return [_set_cfg(cfg, "rollout.sampling.temperature", max(1.0, 1.5 * t))] if t < 1.5 else []
+    return [_set_cfg(st, "rollout.sampling.temperature", max(1.0, 1.5 * t))] if t < 1.5 else []
 
 
 def _raise_max_tokens(factor: int):
@@ -206,7 +203,7 @@ def _raise_max_tokens(factor: int):
         m = cfg.rollout.sampling.max_new_tokens
         limit = getattr(st.policy, "max_positions", m * factor)
         new = min(m * factor, max(m, limit - 1))
-        return [_set_cfg(cfg, "rollout.sampling.max_new_tokens", new)] if new > m else []
+        return [_set_cfg(st, "rollout.sampling.max_new_tokens", new)] if new > m else []
     return apply
 
 
@@ -225,11 +222,11 @@ def _downweight_component(st, cfg, ev):
     if i is None or name == correctness:
         return []
     new = comps[i].model_copy(update={"weight": 0.0})
-    changes = [_set_cfg(cfg, "reward.components", [*comps[:i], new, *comps[i + 1:]])]
+    changes = [_set_cfg(st, "reward.components", [*comps[:i], new, *comps[i + 1:]])]
     changes[0].path = f"reward.components[{name}].weight"
     changes[0].old, changes[0].new = comps[i].weight, new.weight
     if cfg.reward.correctness is None:
-        changes.append(_set_cfg(cfg, "reward.correctness", correctness))
+        changes.append(_set_cfg(st, "reward.correctness", correctness))
     return changes
 
 
@@ -353,9 +350,9 @@ def residual(history: Any, trial: dict[str, Any], band: float = RESIDUAL_BAND) -
 
 def _rebuild_change(st: Any, cfg: Any, rec: dict[str, Any]) -> Change:
     """A change recorded as `{path, old, new}` (an action record) in force again after a resume,
-    with its undo: the config is re-read from config.yaml, so config changes are set again; the
-    LR and the KL coefficient came back with the optimizer/scheduler and the update state; a KL
-    anchor is rebuilt from the checkpoint's reference weights (`st.pending_ref`)."""
+    with its undo: config changes came back with the checkpoint's run settings (`st.settings`; set
+    again if it had none); the LR and the KL coefficient came back with the optimizer/scheduler and
+    the update state; a KL anchor is rebuilt from the checkpoint's reference weights (`st.pending_ref`)."""
     path, old, new = rec["path"], rec["old"], rec["new"]
     if path == "train.lr":
         sched = getattr(st, "scheduler", None)
@@ -386,12 +383,12 @@ def _rebuild_change(st: Any, cfg: Any, rec: dict[str, Any]) -> Change:
         return Change(path, old, new, drop_ref)
     if path.startswith("reward.components["):
         name = path[len("reward.components["):].split("]")[0]
-        comps = list(cfg.reward.components)
+        comps = list(st.settings.get("reward.components"))
         i = next(i for i, c in enumerate(comps) if c.name == name)
-        ch = _set_cfg(cfg, "reward.components", [*comps[:i], comps[i].model_copy(update={"weight": new}), *comps[i + 1:]])
+        ch = _set_cfg(st, "reward.components", [*comps[:i], comps[i].model_copy(update={"weight": new}), *comps[i + 1:]])
         return Change(path, old, new, ch.undo)
-    ch = _set_cfg(cfg, path, new)
-    return Change(path, old, new, ch.undo)
+    _set_cfg(st, path, new)  # in force already when the checkpoint carried the run settings: no change then
+    return Change(path, old, new, lambda: st.settings.set(path, old, source="health: revert", step=st.step))
 
 
 def restore_in_force(st: Any, cfg: Any, actions: list[dict[str, Any]]) -> list[list[Change]]:

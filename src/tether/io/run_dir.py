@@ -8,6 +8,7 @@ Layout (DESIGN.md, "Run directory")::
       samples/step_000001.jsonl.gz completions of one step (eval: eval_000001.jsonl.gz)
       checkpoints/                 step_000010/ ... + `latest` pointer (see checkpoint.py)
       health.jsonl                 one JSON object per health event
+      settings.jsonl               one JSON object per run-settings change (tether.settings: repairs, caps, faults)
       summary.json                 final/rolling summary, replaced atomically
       plots/                       PNGs (plots.py)
       tb/                          TensorBoard event files (sinks.py)
@@ -36,7 +37,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from tether.config import dump_config
+from tether.config_text import dump_config
 from tether.io.killpoints import do_kill_point
 
 METRICS_FILE = "metrics.jsonl"
@@ -70,6 +71,10 @@ class RunDir:
         return self.root / "health.jsonl"
 
     @property
+    def settings_path(self) -> Path:
+        return self.root / "settings.jsonl"
+
+    @property
     def summary_path(self) -> Path:
         return self.root / "summary.json"
 
@@ -101,6 +106,11 @@ class RunDir:
         """Append one health event (detector finding, repair action) to health.jsonl."""
         row, _ = sanitize_json(dict(record))
         do_append_jsonl(self.health_path, row)
+
+    def append_settings(self, event: Mapping[str, Any]) -> None:
+        """Append one run-settings change (`step`, `path`, `old`, `new`, `source`) to settings.jsonl."""
+        row, _ = sanitize_json(dict(event))
+        do_append_jsonl(self.settings_path, row)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """All rows of this run's metrics.jsonl ([] before the first step)."""

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tether.config import SamplingConfig
+from tether.policy.config import SamplingConfig
 from tether.policy.hf import HFPolicy
 
 

@@ -85,6 +85,11 @@ def _choose() -> str:
     return "onednn" if have and platform.machine().lower() in ("x86_64", "amd64") else "torch"
 
 
+def describe() -> dict[str, str]:
+    """The backend and why, as a run's summary.json records it (tether.hardware.precision_record)."""
+    return {"cpu_linear": backend(), "cpu_linear_reason": reason()}
+
+
 def reason() -> str:
     if _CONFIGURED:
         return f"model.cpu_linear={_CONFIGURED[0]} (set explicitly)"

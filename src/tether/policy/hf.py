@@ -15,7 +15,7 @@ from tether.policy.base import HFPolicy, enable_checkpointing, is_checkpointing
 from tether.policy.sampling import next_token_logits, run_generate
 from tether.policy.scoring import (_backbone_and_head, apply_sampling_mask, compute_head_logprobs, compute_logprobs,
                                    count_trained, fp32_head_logits)
-from tether.preflight import check_model_dir, load_pretrained
+from tether.policy.pretrained import check_model_dir, load_pretrained
 
 __all__ = ["HFPolicy", "ValueModel", "apply_sampling_mask", "compute_head_logprobs", "compute_logprobs", "count_trained",
            "enable_checkpointing", "find_stop_ids", "fp32_head_logits", "is_checkpointing", "load_policy",

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from tether.config import SamplingConfig
+from tether.policy.config import SamplingConfig
 from tether.phase import marks_phase
 from tether.policy import kv_reuse
 from tether.policy.base import HFPolicy

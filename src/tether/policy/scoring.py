@@ -100,25 +100,34 @@ def compute_logprobs(
     enabled by the caller; each chunk of positions is checkpointed so only hidden states are kept.
     `pack`: run the backbone on packed rows (tether.policy.packing) when the model supports it.
     """
-    from tether.policy.packing import run_packed_backbone, supports_packing
-
     model = policy.model
-    backbone, _ = _backbone_and_head(model)
     ids = input_ids_BT.to(policy.device)
-    am = attention_mask_BT.to(policy.device).long()
-    pos = (am.cumsum(-1) - 1).clamp(min=0)
-    hidden = None
-    with torch.autocast(policy.device.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
-        if pack and supports_packing(model):
-            hidden = run_packed_backbone(backbone, ids, am.sum(-1).tolist(), policy.pad_id)
-        if hidden is None:  # no cache: transformers would otherwise copy every layer's keys/values into one
-            hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
-    count_trained(policy, hidden.shape[0] * hidden.shape[1])
+    hidden = compute_hidden(policy, ids, attention_mask_BT, pack)
     kept = None if kept_BT is None else kept_BT[:, 1:].to(ids.device)
     need = None if needed_BT is None else needed_BT[:, 1:].bool()
     lp, ent = compute_head_logprobs(model, hidden[:, :-1], ids[:, 1:], temperature, with_entropy, chunk_size, kept, need)
     zero = torch.zeros((ids.shape[0], 1), dtype=torch.float32, device=ids.device)
     return torch.cat([zero, lp], dim=1), torch.cat([zero, ent], dim=1)
+
+
+def compute_hidden(policy: HFPolicy, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,
+                   pack: bool = False) -> torch.Tensor:
+    """The backbone's last hidden states [B, T, H] of right-padded rows (positions 0..L-1 for real
+    tokens), counted in `policy.trained_positions` under grad; `pack`: packed rows where supported."""
+    from tether.policy.packing import run_packed_backbone, supports_packing
+
+    backbone, _ = _backbone_and_head(policy.model)
+    ids = input_ids_BT.to(policy.device)
+    am = attention_mask_BT.to(policy.device).long()
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    hidden = None
+    with torch.autocast(policy.device.type, dtype=torch.bfloat16, enabled=policy.autocast_bf16):
+        if pack and supports_packing(policy.model):
+            hidden = run_packed_backbone(backbone, ids, am.sum(-1).tolist(), policy.pad_id)
+        if hidden is None:  # no cache: transformers would otherwise copy every layer's keys/values into one
+            hidden = backbone(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
+    count_trained(policy, hidden.shape[0] * hidden.shape[1])
+    return hidden
 
 
 def compute_head_logprobs(model, h_BTH: torch.Tensor, targets_BT: torch.Tensor, temperature: float = 1.0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from tether.config import TinyModelConfig
+from tether.policy.config import TinyModelConfig
 
 PAD = "<|pad|>"
 EOS = "<|endoftext|>"

@@ -133,7 +133,7 @@ class TetherWorkerExtension:
     """Methods vLLM mixes into its GPU workers (`worker_extension_cls`); run via collective_rpc."""
 
     def tether_load_weights(self, arrays: Mapping[str, Any]) -> str:
-        from tether.dist.weights import compute_checksum, from_numpy_state
+        from tether.policy.weights import compute_checksum, from_numpy_state
 
         tensors = from_numpy_state(arrays, self.device)
         self.model_runner.model.load_weights(weights=list(tensors.items()))
@@ -222,7 +222,7 @@ def build_vllm_policy(bundle: Mapping[str, Any], vcfg: Any, seed: int = 0) -> VL
         raise RuntimeError("dist.backend=vllm needs the vllm extra on a CUDA machine: pip install 'tether[vllm]'") from err
     from transformers import AutoConfig, GenerationConfig
 
-    from tether.dist.weights import write_bundle_files
+    from tether.policy.weights import write_bundle_files
     from tether.policy.hf import find_stop_ids
 
     d = write_bundle_files(bundle, tempfile.mkdtemp(prefix="tether-vllm-"))

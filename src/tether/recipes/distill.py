@@ -8,7 +8,7 @@ arXiv 2306.13649, Thinking Machines' "On-Policy Distillation" 2025; DeepSeek-V3.
 This is recipes/rl.py's loop with one piece swapped: the batch builder. Everything else — the
 rollouts (single-turn or environment episodes), the update (algo.policy_loss, algo.agg), health
 monitoring, checkpoints, exact resume, evaluation — is the RL recipe's. Per step:
-  rollouts -> rl.make_train_batch (sequences, masks, task-reward advantages)
+  rollouts -> rl.build_train_batch (sequences, masks, task-reward advantages)
   -> teacher log-probs of the sampled token ids -> A_t = kl_coef * (log pi_T - log pi_s)
      + reward_weight * A_task -> update
 
@@ -34,12 +34,11 @@ import torch
 from tether.algos.distill import compute_reverse_kl_advantages
 from tether.config import ConfigError, TetherConfig
 from tether.policy.hf import HFPolicy
-from tether.train.state import RLState
-from tether.train.batch import make_train_batch
-from tether.recipes.rl import run_rl
+from tether.recipes.rl import RLVariant, build_train_batch, run_rl
 from tether.recipes.stage_common import check_same_tokenizer, load_model_dir
-from tether.types import TrajectoryGroup
+from tether.train.state import RLState
 from tether.train.update import compute_batch_logprobs
+from tether.types import TrajectoryGroup
 
 
 def make_distill_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup],
@@ -47,7 +46,7 @@ def make_distill_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGr
     """The RL batch with its advantages replaced by the reverse-KL advantage (plus the weighted
     task advantage); logs the sampled reverse KL per token."""
     d = cfg.distill
-    batch, metrics = make_train_batch(st, cfg, groups)
+    batch, metrics = build_train_batch(st, cfg, groups)
     teacher_logp = compute_batch_logprobs(teacher, batch, cfg.rollout.sampling.temperature, cfg.train.micro_batch_tokens)
     kl_adv = compute_reverse_kl_advantages(batch.rollout_logp_BT, teacher_logp, batch.loss_mask_BT, d.kl_coef)
     mask = batch.loss_mask_BT > 0
@@ -70,4 +69,4 @@ def run_distill(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) ->
     teacher.model.eval()
     for p in teacher.model.parameters():
         p.requires_grad_(False)
-    return run_rl(cfg, run_dir, resume=resume, build=partial(make_distill_batch, teacher=teacher), kind="distill")
+    return run_rl(cfg, run_dir, resume=resume, variant=RLVariant(build=partial(make_distill_batch, teacher=teacher), kind="distill"))

@@ -132,8 +132,8 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
 
     from tether.config import load_config
     from tether.policy.hf import load_policy
-    from tether.train.setup import setup_problems
     from tether.recipes.rl import run_rl
+    from tether.train.setup import configure_process, setup_problems
 
     torch.set_num_threads(1)
     logging.getLogger("tether.health").setLevel(logging.CRITICAL)
@@ -142,7 +142,8 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
     rec: dict[str, Any] = {"case": asdict(case), "id": case.id}
     try:
         cfg = load_config(None, _case_overrides(case, Path(model), steps, start, extra, variants))
-        train, held = setup_problems(cfg)
+        configure_process(cfg.sandbox, cfg.model)
+        train, held = setup_problems(cfg.data)
         policy = load_policy(model)
         try:
             summary = run_rl(cfg, rd, policy=policy, overwrite=True)  # a case an interrupted bench left unfinished

@@ -32,7 +32,7 @@ from typing import Any, Callable
 from tether.config import ConfigError, TetherConfig, build_config
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.io.run_dir import make_run_dir, write_text_atomic
-from tether.recipes.stage_config import StageConfig
+from tether.config.stages import StageConfig
 
 DEFAULT_STAGES = (StageConfig(kind="sft", name="sft"), StageConfig(kind="rl", name="rl"))
 DONE = "stage.json"

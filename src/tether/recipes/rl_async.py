@@ -1,7 +1,7 @@
 """Asynchronous RL on Ray: rollout workers generate while the trainer updates (`tether train-async`).
 
 This recipe IS the synchronous one (recipes/rl.py: RLState, make_train_batch, run_update,
-evaluation, checkpoints, health) with its rollout swapped: `run_rl(..., collect=...)` takes its
+evaluation, checkpoints, health) with its rollout swapped: `run_rl(..., RLVariant(collect=...))` takes its
 batches from `tether.dist.controller.AsyncRollouts` instead of generating them in-process. One
 step, top to bottom:
 
@@ -24,7 +24,7 @@ Deliberate simplifications:
   and summary.json's staleness histogram covers the steps since the resume (metrics.jsonl has all);
 - health fault injection (health.inject) is not wired into the rollout workers, so it is refused;
 - with model.lora the workers inject the same adapters at start (the bundle carries the LoRA
-  shape) and every sync sends the adapter weights only (tether.dist.weights.make_publish_state).
+  shape) and every sync sends the adapter weights only (tether.policy.weights.make_publish_state).
 At max_staleness 0 with one worker the trainer's data stream and RNG travel with each order:
 the run reproduces `tether train` bit for bit (tests/integration/test_dist_equivalence.py).
 """
@@ -40,35 +40,36 @@ from tether.config import ConfigError, TetherConfig
 from tether.dist.cluster import start_cluster
 from tether.dist.controller import AsyncRollouts
 from tether.io.run_dir import make_run_dir
-from tether.recipes.rl import run_rl
+from tether.recipes.rl import RLVariant, run_rl
 
 log = logging.getLogger(__name__)
 
 
-def prepare_async_config(cfg: TetherConfig) -> TetherConfig:
-    """A copy of `cfg` checked for what only this recipe can check; the health layer's allowed
-    staleness (stale_weights detector) follows the admission bound."""
+def compute_async_settings(cfg: TetherConfig) -> tuple[tuple[str, Any], ...]:
+    """The run-settings changes this recipe puts in force (tether.settings), after checking what only
+    it can check: the health layer's allowed staleness (stale_weights detector) follows the
+    admission bound."""
     d = cfg.dist
     if cfg.health.inject:
         raise ConfigError("health.inject: fault injection is not wired into Ray rollout workers; "
                           "run faultbench with `tether train` (recipes/rl.py)")
-    cfg = cfg.model_copy(deep=True)
     bound = d.max_staleness + (d.partial.max_parks if d.partial.token_budget else 0) \
         + d.cross_policy.pool_size * d.cross_policy.every
-    if cfg.health.max_staleness < bound:
-        log.info("health.max_staleness %d -> %d (the lag dist.* allows)", cfg.health.max_staleness, bound)
-        cfg.health.max_staleness = bound
-    return cfg
+    if cfg.health.max_staleness >= bound:
+        return ()
+    log.info("health.max_staleness %d -> %d (the lag dist.* allows)", cfg.health.max_staleness, bound)
+    return (("health.max_staleness", bound),)
 
 
 def run_rl_async(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps with Ray rollout workers; returns the summary."""
     t0 = time.perf_counter()
-    cfg = prepare_async_config(cfg)
+    settings = compute_async_settings(cfg)
     rollouts = AsyncRollouts(cfg)
     with start_cluster(cfg.dist):  # connect or start Ray, preflight (fails fast, never hangs)
         try:
-            summary = run_rl(cfg, run_dir, resume=resume, collect=rollouts.collect_groups, overwrite=overwrite)
+            variant = RLVariant(collect=rollouts.collect_groups, settings=settings)
+            summary = run_rl(cfg, run_dir, resume=resume, variant=variant, overwrite=overwrite)
         finally:
             dist_summary = rollouts.close()
     summary.update(dist_summary)
@@ -79,4 +80,4 @@ def run_rl_async(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, o
     return summary
 
 
-__all__ = ["prepare_async_config", "run_rl_async"]
+__all__ = ["compute_async_settings", "run_rl_async"]

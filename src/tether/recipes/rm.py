@@ -27,7 +27,7 @@ from tether.runs.lifecycle import do_finish_run
 from tether.runs.resume import do_open_run
 from tether.io.run_dir import write_summary_json, write_text_atomic
 from tether.train.loop import progress_bar
-from tether.train.setup import seed_run, setup_problems
+from tether.train.setup import configure_process, seed_run, setup_problems
 from tether.rewards.rm import (
     compute_bradley_terry_loss, compute_pair_accuracy, compute_scores, encode_pair_texts, load_reward_model,
     make_pairs_from_groups, read_pairs,
@@ -42,7 +42,7 @@ def build_verifier_pairs(cfg: TetherConfig) -> list[dict[str, str]]:
     from tether.rollout import make_rollout
 
     policy = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     problems = train[: cfg.rm.problems]
     gen = torch.Generator().manual_seed(cfg.run.seed)
     groups, _ = make_rollout(cfg).run(policy, problems, cfg.rm.samples, cfg.rollout.sampling, gen)
@@ -57,6 +57,7 @@ def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> d
         raise ConfigError("tether rm needs model.path: the causal LM the reward model starts from")
     rd = do_open_run(run_dir, cfg, "rm", overwrite=overwrite).run_dir
     seed_run(cfg.run)
+    configure_process(cfg.sandbox, cfg.model)
     r = cfg.rm
     pairs = read_pairs(r.pairs) if r.pairs else build_verifier_pairs(cfg)
     rng = random.Random(cfg.run.seed)

@@ -30,7 +30,7 @@ from tether.optim import build_optimizer, build_scheduler, compute_all_finite
 from tether.policy.hf import HFPolicy
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.policy.lora import is_lora, save_adapter
-from tether.train.setup import attach_lora, precision_summary, seed_run, setup_policy, setup_problems
+from tether.train.setup import attach_lora, configure_process, precision_summary, seed_run, setup_policy, setup_problems
 from tether.train.loop import graceful_interrupt, progress_bar
 from tether.rollout import make_rollout
 from tether.train.update import UpdateState, do_guarded_step
@@ -46,11 +46,12 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     begin = do_open_run(run_dir, cfg, kind, resume, overwrite)
     rd, ckpt = begin.run_dir, begin.checkpoint
     seed_run(cfg.run)
-    train, _ = setup_problems(cfg)
+    configure_process(cfg.sandbox, cfg.model)
+    train, _ = setup_problems(cfg.data)
     if policy is None:
-        policy = setup_policy(cfg, rd.root, train)
+        policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
     elif cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
-        attach_lora(policy, cfg, rd.root / "base_model")
+        attach_lora(policy, cfg.model.lora, rd.root / "base_model")
     if records is None:
         demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
         records = make_rollout(cfg).build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
@@ -97,7 +98,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     summary = {"kind": kind, "steps": step, "final_loss": losses[-1] if losses else None,
                "final_model": str(final), "wall_seconds": time.perf_counter() - t_start,
                "cpu_seconds": time.process_time() - c_start, "interrupted": bool(stop),
-               "precision": precision_summary(cfg, policy), "nonfinite_steps": update.nonfinite_steps}
+               "precision": precision_summary(cfg.model, policy), "nonfinite_steps": update.nonfinite_steps}
     rd.write_summary(summary)
     do_finish_run(rd.root, summary, final, step)  # the result is final_model/, whatever checkpoint.every
     return policy, summary

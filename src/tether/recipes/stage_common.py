@@ -25,14 +25,15 @@ def start_stage(cfg: TetherConfig, run_dir: str | Path, kind: str):
     train, policy)."""
     from tether.io.run_dir import make_run_dir
     from tether.runs.lifecycle import do_start_record
-    from tether.train.setup import seed_run, setup_policy, setup_problems
+    from tether.train.setup import configure_process, seed_run, setup_policy, setup_problems
 
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
     do_start_record(rd.root, cfg, kind)
     seed_run(cfg.run)
-    train, _ = setup_problems(cfg)
-    return rd, train, setup_policy(cfg, rd.root, train)
+    configure_process(cfg.sandbox, cfg.model)
+    train, _ = setup_problems(cfg.data)
+    return rd, train, setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
 
 
 def run_sampling(policy: HFPolicy, problems: Sequence[dict[str, Any]], k: int, cfg: TetherConfig,
@@ -70,9 +71,10 @@ def mask_error_turns(record: SeqRecord, error_turns: set[int]) -> SeqRecord:
 def evaluate_policy(cfg: TetherConfig, policy: HFPolicy) -> dict[str, float]:
     """Held-out metrics of `policy` (the same call and seed as recipes/rl.py's evaluation) plus
     `eval/answer_tokens`: mean sampled tokens per answer (long2short)."""
-    from tether.train.setup import setup_problems
+    from tether.train.setup import configure_process, setup_problems
 
-    _, held_out = setup_problems(cfg)
+    configure_process(cfg.sandbox, cfg.model)
+    _, held_out = setup_problems(cfg.data)
     m, rows = run_eval(policy, held_out, cfg.eval, make_rollout(cfg), cfg.reward, seed=cfg.run.seed + 17)
     tokens = [r["tokens"] for r in rows if "tokens" in r]
     if tokens:

@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from tether.config import ConfigError
+from tether.config_text import ConfigError
 from tether.registry import Registry, import_object
 from tether.types import Outcome
 

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether.settings import RunSettings
 
-def apply_reward_caps(cfg: Any, step: int, verbose: bool = True) -> list[dict[str, Any]]:
+
+def apply_reward_caps(settings: RunSettings, step: int, verbose: bool = True) -> list[dict[str, Any]]:
     """The caps that fire once `step` RL steps are done (a `stop`, or a `drop` of a still-paid component).
 
-    `drop` rewrites `cfg.reward.components` in place (the component's weight becomes 0; the rollout
-    side rebuilds its reward spec from the config, as for the health layer's down-weighting). Called
-    with the step a resumed run starts from, it re-applies the drops its config does not remember.
+    `drop` is a run-settings change of `reward.components` (the component's weight becomes 0 from
+    the next step on; the rollout side builds its reward spec from the config in force, as for the
+    health layer's down-weighting). Called with the step a resumed run starts from, it finds the
+    drops in force already (the checkpoint carries the run settings) and reports nothing again.
     """
-    comps = list(cfg.reward.components)
+    comps = list(settings.config.reward.components)
     events = []
     for i, c in enumerate(comps):
         cap = getattr(c, "max_steps", None)
@@ -43,7 +46,7 @@ def apply_reward_caps(cfg: Any, step: int, verbose: bool = True) -> list[dict[st
         events.append({"kind": "reward_cap", "component": c.name, "max_steps": cap, "step": step, "action": action,
                        "weight": c.weight})
     if any(e["action"] == "drop" for e in events):
-        cfg.reward.components = comps
+        settings.set("reward.components", comps, source="reward cap", step=step)
     for e in events if verbose else ():
         then = "stopping the run" if e["action"] == "stop" else "its weight is 0 from the next step on"
         print(f"[tether] reward cap: component {e['component']!r} has been paid for {e['step']} steps "

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping, Sequence
 
-from tether.config import ConfigError, RewardConfig
+from tether.config_text import ConfigError
+from tether.rewards.config import RewardConfig
 from tether.rewards.base import CallResult, RewardFn, load_reward_fn
 from tether.types import Outcome, RewardResult
 

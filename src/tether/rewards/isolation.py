@@ -37,7 +37,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
-from tether.config import RewardConfig
+from tether.rewards.config import RewardConfig
 from tether.rewards.base import NOT_RUN, CallResult, RewardFailure, is_batched, run_batched_call, run_reward_call
 from tether.rewards.compose import RewardSpec, build_reward_spec, compute_reward_metrics, compute_reward_result
 from tether.rewards.pool import Job, make_reward_pool

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from tether.train.batching import SeqRecord
-from tether.config import SamplingConfig
+from tether.policy.config import SamplingConfig
 from tether.rollout.collect import RolloutState, WorkerState, collect_groups, compute_greedy_baseline
 from tether.rollout.stats import compute_rollout_stats
 from tether.types import Sample, TrajectoryGroup

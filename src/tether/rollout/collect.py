@@ -23,7 +23,7 @@ class RolloutState(Protocol):
     policy: Any
     stream: Any  # .next_batch(k) -> problems
     generator: torch.Generator | None
-    faults: Any  # .begin_rollout(problems) / .end_rollout(groups) (tether.health.faults)
+    faults: Any  # .begin_rollout(problems, sampling) / .end_rollout(groups) (tether.health.faults)
 
 
 @dataclass
@@ -56,8 +56,8 @@ def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], d
     rounds = 1 + (ds.max_gen_batches if ds.enable else 0)
     for i in range(rounds):
         problems = st.stream.next_batch(r.problems_per_step)
-        problems = st.faults.begin_rollout(problems)  # seams: data, sampler, weight sync (tether.health.faults)
-        groups, m = rollout.run(st.policy, problems, r.n, r.sampling, st.generator)  # after the sampler seam
+        problems, sampling = st.faults.begin_rollout(problems, r.sampling)  # seams: data, sampler, weight sync (tether.health.faults)
+        groups, m = rollout.run(st.policy, problems, r.n, sampling, st.generator)  # after the sampler seam
         # the weights that sampled, and their version (health: stale sync); after the rollout, so an
         # in-flight update adopted mid-generation (dist.inflight) is the version fingerprinted
         m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))

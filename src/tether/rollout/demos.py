@@ -15,7 +15,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 from tether.train.batching import SeqRecord, build_sequences
-from tether.config import ContextConfig
+from tether.envs.config import ContextConfig
 from tether.envs.base import run_expert_episode
 from tether.envs.context import compute_dropped_messages, load_summarizer, select_context_messages, summarize_tool_results
 from tether.policy.chat import Message, compute_context_ids, compute_end_of_turn_id, compute_segments, encode_text

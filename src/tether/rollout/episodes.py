@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tether.train.batching import SeqRecord
-from tether.config import EnvConfig, SamplingConfig
+from tether.envs.config import EnvConfig
+from tether.policy.config import SamplingConfig
 from tether.rollout.runner import run_env_rollouts
 from tether.rollout.demos import build_env_demo_records
 from tether.policy.hf import HFPolicy, run_generate

@@ -32,7 +32,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tether.config import RewardConfig, SamplingConfig
+from tether.policy.config import SamplingConfig
+from tether.rewards.config import RewardConfig
 from tether.rewards import run_rewards
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup
 

@@ -35,7 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tether.config import EnvConfig, SamplingConfig
+from tether.envs.config import EnvConfig
+from tether.policy.config import SamplingConfig
 from tether.envs.base import Action, Observation, StepResult, Transition, make_env
 from tether.envs.calls import CallOutcome, run_call, run_calls
 from tether.envs.context import SUMMARY_REQUEST, compute_dropped_messages, load_summarizer, select_context_messages

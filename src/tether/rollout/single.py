@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from tether.train.batching import SeqRecord
-from tether.config import RewardConfig, SamplingConfig
+from tether.policy.config import SamplingConfig
+from tether.rewards.config import RewardConfig
+from tether.errors import InputError
 from tether.policy.chat import decode_completion, encode_prompt
 from tether.policy.hf import HFPolicy, run_generate
 from tether.rewards import run_rewards
@@ -83,7 +86,8 @@ def build_single_turn_demo_records(policy: HFPolicy, problems: Sequence[Mapping[
                                    noise: float, seed: int) -> list[SeqRecord]:
     """prompt + demonstration + stop token per problem, the loss on the completion (and the stop
     token). The demonstration is the problem's "completion" field, else the task's scripted one."""
-    from tether.tasks import demonstration, is_file_task
+    from tether.tasks import demonstration
+    from tether.tasks.sources import is_file_task
 
     tok, eos = policy.tokenizer, policy.stop_ids[0]
     if getattr(tok, "eos_token_id", None) in policy.stop_ids:
@@ -119,10 +123,37 @@ class SingleTurnRollout:
 
     def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: HFPolicy, cfg: Any, what: str) -> list:
         """The problems whose prompt fits the context; the others skipped with a count or refused (data.on_overlong)."""
-        from tether.preflight import compute_prompt_limit, fit_prompts
-
         limit = compute_prompt_limit(cfg, policy.max_positions)
         return fit_prompts(problems, policy.tokenizer, limit, self.chat, cfg.data.on_overlong, what)
 
     def build_demo_records(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], cfg: Any) -> list[SeqRecord]:
         return build_single_turn_demo_records(policy, problems, cfg.data.task, self.chat, cfg.sft.demo_noise, cfg.run.seed)
+
+
+def fit_prompts(problems: Sequence[dict[str, Any]], tokenizer, limit: int, chat: bool, on_overlong: str,
+                what: str) -> list[dict[str, Any]]:
+    """The problems whose prompt fits in `limit` tokens; the others are skipped with one warning
+    that counts them (`on_overlong="skip"`) or refused (`"error"`, and always when none fit)."""
+    kept, over = [], []
+    for p in problems:
+        n = len(encode_prompt(tokenizer, p, chat))
+        (over if n > limit else kept).append((p, n))
+    if over:
+        (first, n) = over[0]
+        msg = (f"{len(over)} of {len(problems)} {what} prompts are longer than {limit} tokens "
+               f"(first: id {first.get('id')!r}, {n} tokens)")
+        if on_overlong == "error" or not kept:
+            raise InputError(f"{msg}: raise rollout.max_prompt_tokens, shorten the prompts, or set data.on_overlong=skip")
+        warnings.warn(f"{msg}: skipped (data.on_overlong=skip; set data.on_overlong=error to refuse)", stacklevel=2)
+    return [p for p, _ in kept]
+
+
+def compute_prompt_limit(cfg: Any, max_positions: int) -> int:
+    """Prompt tokens that fit: rollout.max_prompt_tokens, and the model's context minus the longest completion."""
+    new = max(cfg.rollout.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
+    room = max_positions - new
+    if room <= 0:
+        raise InputError(f"rollout/eval.sampling.max_new_tokens={new} leaves no room for a prompt in the model's "
+                         f"context of {max_positions} positions: lower max_new_tokens")
+    return min(cfg.rollout.max_prompt_tokens, room)
+

@@ -117,9 +117,9 @@ def _print(message: str) -> None:
 
 
 def do_truncate_outputs(rd: RunDir, step: int) -> None:
-    """Drop what a run wrote after `step` (step -1: everything): metrics and health rows, samples,
-    and, from step 0, the summary, plots and TensorBoard files."""
-    for path in (rd.metrics_path, rd.health_path):
+    """Drop what a run wrote after `step` (step -1: everything): metrics, health and settings rows,
+    samples, and, from step 0, the summary, plots and TensorBoard files."""
+    for path in (rd.metrics_path, rd.health_path, rd.settings_path):
         if step < 0:
             path.unlink(missing_ok=True)
         else:

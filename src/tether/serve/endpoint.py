@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tether.config import SamplingConfig
+from tether.policy.config import SamplingConfig
 from tether.envs.tools import parse_tool_calls
 from tether.policy.chat import Message, compute_context_ids
 from tether.policy.hf import HFPolicy, run_generate

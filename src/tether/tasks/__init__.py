@@ -33,12 +33,9 @@ class TaskSpec:
 
 
 TASKS: Registry[Callable[[], TaskSpec]] = Registry("task")
-FILE_TASKS = ("jsonl", "hf")  # data.task values that read problems from data.path (no generator, no expert)
-
-
-def is_file_task(name: str) -> bool:
-    """Problems come from a file or dataset: demonstrations are the rows' `completion` or `answer`."""
-    return name in FILE_TASKS
+# How a `package.module:factory` spec other than a TaskSpec is registered: (name, spec) -> whether it
+# was one of theirs. `tether.envs` adds the EnvSpec handler when it is imported (tasks sit below envs).
+SPEC_HANDLERS: list[Callable[[str, Any], bool]] = []
 
 
 def _arith_problem(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
@@ -150,21 +147,18 @@ def load_user_task(name: str) -> None:
     if not callable(factory):
         raise DataError(f"data.task={name!r}: {name.partition(':')[2]!r} is not callable")
     spec = factory()
-    from tether.envs.base import ENVS, EnvSpec, register_env
-
-    if isinstance(spec, EnvSpec):
-        register_env(name)(lambda: spec)
-        if spec.name not in ENVS:
-            ENVS.register(spec.name)(lambda: spec)
-    elif isinstance(spec, TaskSpec):
+    if isinstance(spec, TaskSpec):
         TASKS.register(name)(lambda: spec)
-    else:
+    elif not any(handle(name, spec) for handle in SPEC_HANDLERS):
         raise DataError(f"data.task={name!r}: the factory returned {type(spec).__name__}, expected a "
                         "tether.tasks.TaskSpec or a tether.envs.EnvSpec")
 
 
 def find_task_problem(name: str) -> str | None:
-    """None when `data.task` names a task (built-in, environment, 'jsonl' or package.module:factory)."""
+    """None when `data.task` names a task (built-in, a data source, package.module:factory, or an
+    environment: the caller imports `tether.envs` first, which registers them and their factories)."""
+    from tether.tasks.sources import is_file_task  # the data-source registry (it imports this module)
+
     if is_file_task(name):
         return None
     if ":" in name:
@@ -173,10 +167,7 @@ def find_task_problem(name: str) -> str | None:
         except DataError as err:
             return str(err)
         return None
-    if name not in TASKS:
-        import tether.envs  # noqa: F401  (registers the built-in environments as tasks; slow, so only when needed)
-
-    return TASKS.check(name, "data.task")
+    return TASKS.check(name, "data.task")  # environments are tasks once tether.envs is imported
 
 
 def demonstration(task: str, problem: dict[str, Any], noise: float = 0.0, rng: random.Random | None = None) -> str:

@@ -3,34 +3,45 @@ sequences, KL-in-reward, critic values, the ReMax baseline and the advantages (`
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from tether.algos import ADVANTAGES, AdvantageInputs, compute_advantages, compute_kl_in_reward
-from tether.config import TetherConfig
+from tether.algos.config import AlgoConfig
 from tether.health import compute_advantage_alignment
-from tether.rollout import compute_greedy_baseline
+from tether.policy.config import SamplingConfig
+from tether.rewards.config import RewardConfig
 from tether.train.batching import build_records, pad_records
 from tether.train.credit import compute_step_fields
 from tether.train.groups import apply_reward_shaping, compute_compact_weights
+from tether.train.config import TrainConfig
 from tether.train.state import RLState
 from tether.train.update import compute_batch_logprobs
 from tether.types import TrainBatch, TrajectoryGroup
 
 
-def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
-    """Groups -> padded sequences -> advantages (and KL-in-reward, critic values, ReMax baseline)."""
-    a, metrics = cfg.algo, {}
-    groups = apply_reward_shaping(groups, a, cfg.rollout.sampling.max_new_tokens)
+def make_train_batch(st: RLState, groups: list[TrajectoryGroup], a: AlgoConfig, sampling: SamplingConfig,
+                     reward: RewardConfig, train: TrainConfig,
+                     greedy_baseline: Callable[[list[TrajectoryGroup]], torch.Tensor] | None = None,
+                     ) -> tuple[TrainBatch, dict[str, float]]:
+    """Groups -> padded sequences -> advantages (and KL-in-reward, critic values, ReMax baseline).
+
+    `greedy_baseline(groups) -> [G]`: the reward of one greedy rollout per problem (ReMax; the
+    recipe passes its rollout's, `tether.rollout.compute_greedy_baseline`); asked only when the
+    estimator needs it."""
+    metrics: dict[str, float] = {}
+    groups = apply_reward_shaping(groups, a, sampling.max_new_tokens)
     groups, weights, cm = compute_compact_weights(groups, a.compact_filter)
     metrics.update(cm)
-    records = build_records(groups, weights, mask_invalid=cfg.reward.on_error == "mask")
+    records = build_records(groups, weights, mask_invalid=reward.on_error == "mask")
     p = pad_records(records, st.policy.pad_id)
-    temp = cfg.rollout.sampling.temperature
+    temp = sampling.temperature
     token_rewards, values, baseline = p.token_rewards_BT, None, None
     if st.ref is not None and a.kl.placement == "reward" and st.update.kl_coef > 0:
         stub = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT,
                           torch.zeros_like(p.rollout_logp_BT), p.group_B, p.traj_B, kept_BT=p.kept_BT)
-        ref_logp = compute_batch_logprobs(st.ref, stub, temp, cfg.train.micro_batch_tokens)
+        ref_logp = compute_batch_logprobs(st.ref, stub, temp, train.micro_batch_tokens)
         token_rewards, kl_BT = compute_kl_in_reward(token_rewards, p.rollout_logp_BT, ref_logp, p.loss_mask_BT,
                                                     st.update.kl_coef, a.kl.estimator, a.kl.clamp)
         metrics["kl_reward"] = float(kl_BT.sum() / p.loss_mask_BT.sum().clamp(min=1))
@@ -38,7 +49,9 @@ def make_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGrou
         with torch.no_grad():
             values = st.critic(p.input_ids_BT.to(st.policy.device), p.attention_mask_BT.to(st.policy.device)).float().cpu()
     if ADVANTAGES.facts(a.advantage.name).needs_greedy_baseline:
-        baseline = compute_greedy_baseline(st.policy, cfg, groups)[p.group_B]
+        if greedy_baseline is None:
+            raise ValueError(f"algo.advantage.name={a.advantage.name} needs a greedy baseline: pass greedy_baseline")
+        baseline = greedy_baseline(groups)[p.group_B]
     adv = compute_advantages(AdvantageInputs(
         scores_B=p.scores_B, token_rewards_BT=token_rewards, mask_BT=p.loss_mask_BT, group_B=p.group_B,
         traj_B=p.traj_B, valid_B=p.valid_B, values_BT=values, baseline_B=baseline, **compute_step_fields(groups, p)),

@@ -11,7 +11,7 @@ import torch
 
 from tether.algos.corrections import compute_stop_reason_weights, select_groups
 from tether.algos.shaping import compute_length_reward, compute_overlong_penalty
-from tether.config import AlgoConfig, DynamicSamplingConfig
+from tether.algos.config import AlgoConfig, DynamicSamplingConfig
 from tether.types import Outcome, Trajectory, TrajectoryGroup
 
 

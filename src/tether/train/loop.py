@@ -1,12 +1,15 @@
 """The loop's chrome, shared by every recipe: a graceful Ctrl-C (finish the step, checkpoint,
-exit) and a progress bar (rich on a terminal, a plain line every ~5% elsewhere)."""
+exit), a progress bar (rich on a terminal, a plain line every ~5% elsewhere) and the log of
+run-settings changes (settings.jsonl)."""
 
 from __future__ import annotations
 
 import signal
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
+
+from tether.settings import RunSettings
 
 
 class StopRequested:
@@ -70,3 +73,10 @@ def progress_bar(total: int, description: str, enabled: bool = True, start: int 
             prog.update(task, completed=step, info=info)
 
         yield update
+
+
+def do_log_settings(rd: Any, settings: RunSettings) -> None:
+    """Append the run-settings changes made since the last call to the run's settings.jsonl
+    (`rd`: a tether.io.run_dir.RunDir)."""
+    for event in settings.drain():
+        rd.append_settings(event)

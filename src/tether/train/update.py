@@ -32,7 +32,9 @@ from tether.algos import (
     compute_value_loss,
 )
 from tether.train.batching import split_by_token_budget
-from tether.config import AlgoConfig, TrainConfig
+from tether.algos.config import AlgoConfig
+from tether.policy.config import SamplingConfig
+from tether.train.config import TrainConfig
 from tether.optim import compute_all_finite
 from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
@@ -230,12 +232,13 @@ class UpdateContext:
     dp: Any = None
 
     @classmethod
-    def from_run(cls, st: Any, cfg: Any, dp: Any = None) -> "UpdateContext":
-        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator) and config."""
-        s = cfg.rollout.sampling
+    def from_run(cls, st: Any, algo: AlgoConfig, train: TrainConfig, sampling: SamplingConfig,
+                 dp: Any = None) -> "UpdateContext":
+        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator; an
+        RLState) and the config sections in force."""
         policy = getattr(dp, "train_policy", None) or st.policy  # FSDP2 rank 0: the sharded twin (tether.dist.fsdp)
-        return cls(policy, st.optimizer, cfg.algo, cfg.train, s.temperature, st.update, st.scheduler, st.ref,
-                   st.critic, st.generator, cfg.algo.agg.max_len or s.max_new_tokens, dp)
+        return cls(policy, st.optimizer, algo, train, sampling.temperature, st.update, st.scheduler, st.ref,
+                   st.critic, st.generator, algo.agg.max_len or sampling.max_new_tokens, dp)
 
 
 def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]:

@@ -24,5 +24,5 @@ def tiny(tmp_path_factory):
 
     cfg = load_config(None, TINY)
     seed_everything(0)
-    train, _ = setup_problems(cfg)
-    return cfg, train, setup_policy(cfg, tmp_path_factory.mktemp("tiny"), train)
+    train, _ = setup_problems(cfg.data)
+    return cfg, train, setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path_factory.mktemp("tiny"), train)

@@ -31,7 +31,7 @@ def test_lockstep_shards_cover_every_row_once_with_equal_counts():
 def _policy(bundle, shard: bool, extra=()):
     from tether.config import load_config
     from tether.dist.fsdp import shard_model
-    from tether.dist.weights import build_policy_from_bundle
+    from tether.policy.weights import build_policy_from_bundle
     from tether.optim import build_optimizer
 
     cfg = load_config(None, [*OVERRIDES, *extra])
@@ -91,7 +91,7 @@ def test_two_fsdp2_ranks_equal_one_process_and_resume_exactly(tiny, tmp_path):
     import torch.multiprocessing as mp
 
     from tether.dist.fsdp import compute_local_bytes, load_sharded_into_single
-    from tether.dist.weights import make_model_bundle
+    from tether.policy.weights import make_model_bundle
 
     _, _, policy = tiny
     batch, bundle = make_random_batch(policy), make_model_bundle(policy)

@@ -23,7 +23,7 @@ def test_shards_are_disjoint_complete_and_balanced():
 
 def _setup(bundle, overrides=()):
     from tether.config import load_config
-    from tether.dist.weights import build_policy_from_bundle
+    from tether.policy.weights import build_policy_from_bundle
     from tether.optim import build_optimizer
 
     cfg = load_config(None, ["algo.epochs=2", "algo.mini_batches=2", "train.micro_batch_tokens=24", "train.lr=1e-2",
@@ -67,7 +67,7 @@ CASES = {"plain": ((), None), "inert": ((), [0, 2]), "inert_nan": (("algo.correc
 def test_two_gloo_ranks_equal_one_process(tiny, tmp_path, case):
     import torch.multiprocessing as mp
 
-    from tether.dist.weights import make_model_bundle
+    from tether.policy.weights import make_model_bundle
 
     _, _, policy = tiny
     overrides, inert = CASES[case]
@@ -99,6 +99,6 @@ def test_two_gloo_ranks_equal_one_process(tiny, tmp_path, case):
 
 
 def bundle_weight(bundle):
-    from tether.dist.weights import from_numpy_state
+    from tether.policy.weights import from_numpy_state
 
     return from_numpy_state(bundle["arrays"])["model.embed_tokens.weight"]

@@ -3,7 +3,7 @@ element, and a model bundle that rebuilds the same policy without a shared files
 
 import torch
 
-from tether.dist.weights import (
+from tether.policy.weights import (
     build_policy_from_bundle, compute_checksum, compute_state_checksum, from_numpy_state, make_model_bundle,
     to_numpy_state,
 )

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tether.config import load_config
-from tether.dist.weights import compute_checksum, make_model_bundle, to_numpy_state
+from tether.policy.weights import compute_checksum, make_model_bundle, to_numpy_state
 from tether.dist.worker import Order, RolloutWorker, StaleWorkerError, merge_metrics
 from tether.policy.hf import compute_logprobs
 
@@ -64,7 +64,7 @@ def test_a_bad_checksum_keeps_the_old_version_and_orders_are_refused(tiny):
 
 def test_lora_worker_gets_the_adapter_shape_once_and_only_adapter_weights_after(tiny):
     from tether.config import LoraConfig
-    from tether.dist.weights import make_publish_state
+    from tether.policy.weights import make_publish_state
     from tether.policy.lora import apply_lora
 
     cfg, _, policy = tiny
@@ -167,8 +167,8 @@ def test_partial_rollouts_park_and_record_the_version_switch_per_turn(tiny_overr
     cfg = load_config(None, tiny_overrides + ["data.task=_test_turns", "data.task_kwargs={turns: 3}", "env.max_turns=6",
                                     "dist.max_staleness=1", "dist.correction=tis", "dist.partial.token_budget=20",
                                     "dist.partial.max_parks=1", "rollout.sampling.max_new_tokens=8"])
-    train, _ = setup_problems(cfg)
-    trainer = setup_policy(cfg, tmp_path, train)
+    train, _ = setup_problems(cfg.data)
+    trainer = setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path, train)
     w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
     out = []
     for step in range(3):

@@ -204,5 +204,5 @@ def test_tiny_tokenizer_corpus_of_an_environment_without_expert():
 
     cfg = load_config(None, ["data.task=verifiers", 'data.task_kwargs={"env": "vf_env_stub"}', "data.train_size=4",
                              "data.eval_size=2"])
-    train, _ = setup_problems(cfg)
-    assert tokenizer_corpus(cfg, train) == [p["prompt"] + p["answer"] for p in train]  # no scripted expert to run
+    train, _ = setup_problems(cfg.data)
+    assert tokenizer_corpus(cfg.data, train) == [p["prompt"] + p["answer"] for p in train]  # no scripted expert to run

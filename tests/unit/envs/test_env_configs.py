@@ -28,7 +28,7 @@ def test_env_config_runs_as_documented(name, monkeypatch):
     assert first.startswith("# tether ") and f"configs/{name}" in first
     cfg = load_config(path)
     assert is_episode_task(cfg.data.task) and cfg.sft.demo_noise > 0
-    train, held = setup_problems(cfg)
+    train, held = setup_problems(cfg.data)
     assert len(train) == cfg.data.train_size and len(held) == cfg.data.eval_size
     assert cfg.rollout.sampling.max_new_tokens == cfg.eval.sampling.max_new_tokens
 
@@ -43,5 +43,5 @@ def test_the_demo_is_agentic_and_the_single_turn_demo_stays_runnable():
     assert reverse.read_text().splitlines()[0].startswith("# tether pipeline configs/reverse.yaml")
     cfg = load_config(reverse)
     assert cfg.data.task == "reverse" and not is_episode_task(cfg.data.task)
-    train, held = setup_problems(cfg)
+    train, held = setup_problems(cfg.data)
     assert len(train) == cfg.data.train_size and len(held) == cfg.data.eval_size

@@ -34,7 +34,7 @@ def _act(text):
 
 
 def test_mcp_servers_from_the_config_play_an_episode(tmp_path):
-    train, held = setup_problems(_config(tmp_path))
+    train, held = setup_problems(_config(tmp_path).data)
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
     task = train[0]
     env = make_env(task)
@@ -52,7 +52,7 @@ def test_mcp_servers_from_the_config_play_an_episode(tmp_path):
 def test_mcp_episode_through_the_runner(tmp_path, env_policy, scripted):
     from env_stubs import encode_action
 
-    train, _ = setup_problems(_config(tmp_path))
+    train, _ = setup_problems(_config(tmp_path).data)
     task = train[1]
     tok = env_policy.tokenizer
     a, b = [int(w.rstrip("?")) for w in task["prompt"].split() if w.rstrip("?").isdigit()]
@@ -69,7 +69,7 @@ def test_mcp_episode_through_the_runner(tmp_path, env_policy, scripted):
 def test_bad_server_declaration_is_a_clear_error():
     with pytest.raises(ValueError, match="each server needs a 'command'"):
         setup_problems(load_config(None, ["data.task=mcp", 'data.task_kwargs={"servers": [{"args": ["x"]}], '
-                                          '"problems": [{"prompt": "q", "answer": 1}]}']))
+                                          '"problems": [{"prompt": "q", "answer": 1}]}']).data)
 
 
 TOOLS_MODULE = '''
@@ -95,7 +95,7 @@ def test_function_tools_from_the_config_by_module_name(tmp_path, monkeypatch):
     kwargs = {"tools": ["my_tools_mod:multiply"],
               "problems": [{"prompt": f"What is {a} times 7?", "answer": a * 7} for a in (6, 8, 9)]}
     train, _ = setup_problems(load_config(None, ["data.task=mcp", f"data.task_kwargs={json.dumps(kwargs)}",
-                                                 "data.train_size=1", "data.eval_size=1"]))
+                                                 "data.train_size=1", "data.eval_size=1"]).data)
     env = make_env(train[0])
     assert [t.name for t in env.tools] == ["multiply"]
     assert env.tools[0].schema["function"]["parameters"]["properties"]["a"]["type"] == "integer"
@@ -108,4 +108,4 @@ def test_function_tools_from_the_config_by_module_name(tmp_path, monkeypatch):
         bad = {**kwargs, "tools": [ref]}
         with pytest.raises(ValueError, match=msg):
             setup_problems(load_config(None, ["data.task=mcp", f"data.task_kwargs={json.dumps(bad)}",
-                                              "data.train_size=1", "data.eval_size=1"]))
+                                              "data.train_size=1", "data.eval_size=1"]).data)

@@ -204,23 +204,25 @@ def test_without_bwrap_and_without_opt_in_the_sandbox_refuses_with_the_install_h
 def test_the_code_environment_refuses_to_start_without_bwrap(no_bwrap, tmp_path):
     with pytest.raises(ConfigError, match=r"env codefix runs model-written code: .*apt-get install bubblewrap"):
         make_problems("codefix", 2, 0)
-    from tether.train.setup import setup_problems
+    from tether.train.setup import configure_process, setup_problems
 
     cfg = load_config(None, ["data.task=codefix", "data.train_size=2", "data.eval_size=1"])
+    configure_process(cfg.sandbox, cfg.model)
     with pytest.raises(ConfigError, match="apt-get install bubblewrap"):
-        setup_problems(cfg)
+        setup_problems(cfg.data)
 
 
 @pytest.mark.parametrize("backend", ["rlimits", "unshare"])
 def test_a_weak_backend_is_opt_in_and_its_warning_names_what_it_does_not_protect(no_bwrap, monkeypatch, caplog, backend):
     if backend == "unshare" and UNSHARE_WHY:
         pytest.skip(f"unshare unusable here ({UNSHARE_WHY})")
-    from tether.train.setup import setup_problems
+    from tether.train.setup import configure_process, setup_problems
 
     monkeypatch.setenv(ENV_VAR, "bwrap")  # restored after the test: configure_sandbox writes os.environ
     cfg = load_config(None, ["data.task=codefix", "data.train_size=2", "data.eval_size=1", f"sandbox.backend={backend}"])
     with caplog.at_level(logging.WARNING, logger="tether.envs.sandbox"):
-        train, _ = setup_problems(cfg)  # the opt-in: the code environment starts
+        configure_process(cfg.sandbox, cfg.model)  # the opt-in (a run's start) ...
+        train, _ = setup_problems(cfg.data)  # ... and the code environment starts
         assert os.environ[ENV_VAR] == backend and resolve_backend() == backend
         res = run_sandboxed_python("print(6 * 7)", FAST)
     assert (res.outcome, res.stdout, res.backend) == ("ok", "42\n", backend) and len(train) == 2

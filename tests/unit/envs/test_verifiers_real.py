@@ -52,7 +52,7 @@ def test_a_real_env_plays_its_own_loop_through_the_endpoint_scored_by_its_rubric
     cfg = _config(model_dir, kind)
     rollout = make_rollout(cfg)
     assert isinstance(rollout, HarnessRollout) and rollout.agent is not None
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     policy = load_policy(model_dir)
     groups, m = rollout.run(policy, train[:2], 2, cfg.rollout.sampling)
     assert m["harness/error_rate"] == 0.0 and m["harness/calls_mean"] == turns
@@ -76,7 +76,7 @@ def test_a_real_tool_env_calls_its_tool_and_the_context_keeps_the_sampled_ids(mo
     from tether.types import Sample, StopReason
 
     cfg = _config(model_dir, "tool")
-    train, _ = setup_problems(cfg)
+    train, _ = setup_problems(cfg.data)
     task = train[0]
     a, b = task["prompt"].removeprefix("What is ").rstrip("?").split("+")
     policy = load_policy(model_dir)

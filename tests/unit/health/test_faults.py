@@ -11,12 +11,15 @@ import torch
 from tether.algos.base import AdvantageOutputs
 from tether.config import TetherConfig
 from tether.health.faults import FAMILIES, NO_FAULTS, Fault, FaultSet, build_faults, get_fault_class, load_fault_plugins, register_fault
+from tether.settings import RunSettings
 from health_helpers import make_group
 
 
 class _St:
-    step = 14
-    policy = None
+    """The parts of a run state the seams read: the step, the policy, the run settings (tether.settings)."""
+
+    def __init__(self, cfg: TetherConfig | None = None, step: int = 14, policy=None) -> None:
+        self.step, self.policy, self.settings = step, policy, RunSettings(cfg or TetherConfig())
 
 
 def _fault(name, severity="obvious", start=15):
@@ -41,14 +44,15 @@ def test_catalogue_covers_28_types_in_5_families():
 def test_no_faults_is_identity_and_falsy():
     assert not NO_FAULTS
     x = object()
-    assert NO_FAULTS.begin_rollout(x) is x and NO_FAULTS.end_rollout(x) is x and NO_FAULTS.on_advantages(x, None) is x
-    assert build_faults([], None, None) is NO_FAULTS
+    problems, sampling = NO_FAULTS.begin_rollout(x, None)
+    assert problems is x and sampling is None and NO_FAULTS.end_rollout(x) is x and NO_FAULTS.on_advantages(x, None) is x
+    assert build_faults([], None) is NO_FAULTS
 
 
 def test_faults_wait_for_their_start_step():
     st = _St()
     st.step = 13  # computing step 14; the fault starts at 15
-    f = FaultSet([_fault("advantage_sign_flip")], st, TetherConfig())
+    f = FaultSet([_fault("advantage_sign_flip")], st)
     adv = AdvantageOutputs(torch.ones(4, 3))
     assert f.on_advantages(adv, torch.tensor([0, 0, 1, 1])) is adv
     st.step = 14
@@ -56,7 +60,7 @@ def test_faults_wait_for_their_start_step():
 
 
 def test_sign_flip_negates_all_groups_when_obvious():
-    f = FaultSet([_fault("advantage_sign_flip")], _St(), TetherConfig())
+    f = FaultSet([_fault("advantage_sign_flip")], _St())
     out = f.on_advantages(AdvantageOutputs(torch.ones(4, 3)), torch.tensor([0, 0, 1, 1]))
     assert torch.equal(out.advantages_BT, -torch.ones(4, 3))
 
@@ -77,23 +81,26 @@ def test_label_corruption_is_deterministic_per_problem():
     assert 0.6 < sum(p["answer"] != "2" for p in a) / 50 <= 1.0
 
 
-def test_config_fault_changes_the_config_once():
+def test_config_fault_changes_the_run_settings_once_and_logs_it():
     cfg = TetherConfig()
-    f = FaultSet([_fault("low_temperature")], _St(), cfg)
-    f.begin_rollout([])
-    f.begin_rollout([])
-    assert cfg.rollout.sampling.temperature == pytest.approx(0.3)
+    st = _St(cfg)
+    f = FaultSet([_fault("low_temperature")], st)
+    f.begin_step()
+    f.begin_rollout([], st.settings.config.rollout.sampling)
+    assert st.settings.config.rollout.sampling.temperature == pytest.approx(0.3)
+    assert cfg.rollout.sampling.temperature == 1.0  # the run's config itself is frozen, never changed
+    assert st.settings.drain() == [{"step": 15, "path": "rollout.sampling.temperature", "old": 1.0,
+                                    "new": pytest.approx(0.3), "source": "fault low_temperature"}]
 
 
-def test_sampler_swap_is_undone_after_the_rollout():
-    cfg, st = TetherConfig(), _St()
-    st.policy = "trainer-policy"
-    f = FaultSet([_fault("sampler_mismatch")], st, cfg)
-    original = cfg.rollout.sampling
-    f.begin_rollout([])
-    assert cfg.rollout.sampling.temperature == pytest.approx(0.5) and st.policy == "trainer-policy"
+def test_sampler_swap_lasts_one_rollout_and_leaves_the_settings_alone():
+    st = _St(policy="trainer-policy")
+    f = FaultSet([_fault("sampler_mismatch")], st)
+    original = st.settings.config.rollout.sampling
+    _, sampling = f.begin_rollout([], original)
+    assert sampling.temperature == pytest.approx(0.5) and st.policy == "trainer-policy"
     f.end_rollout([])
-    assert cfg.rollout.sampling is original
+    assert st.settings.config.rollout.sampling is original and not st.settings.overrides
 
 
 def test_user_fault_in_one_file_by_module_path():
@@ -109,8 +116,8 @@ def test_user_fault_in_one_file_by_module_path():
     mod.Blank = Blank
     sys.modules["my_faults"] = mod
     try:
-        fs = build_faults([{"name": "my_faults:Blank", "severity": "obvious", "start": 1}], _St(), TetherConfig())
-        assert fs.begin_rollout([{"id": "x", "answer": "3"}]) == [{"id": "x", "answer": ""}]
+        fs = build_faults([{"name": "my_faults:Blank", "severity": "obvious", "start": 1}], _St())
+        assert fs.begin_rollout([{"id": "x", "answer": "3"}], None)[0] == [{"id": "x", "answer": ""}]
         with pytest.raises(ValueError, match="not a Fault"):
             get_fault_class("my_faults:nothing")
         register_fault(Blank)  # registering by name works too
@@ -130,11 +137,12 @@ def test_unknown_fault_lists_valid_names():
 def test_exploitable_judge_replaces_the_verifier_with_a_length_biased_judge():
     from tether.health.faults.reward import length_judge
 
-    cfg = TetherConfig()
+    st = _St()
     f = get_fault_class("exploitable_judge")("obvious", 1)
     assert f.cause == "learned_reward_exploited" and "eval.every=5" in f.base
-    f.begin_step(_St(), cfg, 1)
-    f.begin_step(_St(), cfg, 2)  # once only
+    f.begin_step(st, st.settings.config, 1)
+    f.begin_step(st, st.settings.config, 2)  # once only
+    cfg = st.settings.config
     weights = {c.name: c.weight for c in cfg.reward.components}
     assert weights == {"exact_match": 0.0, f.COMPONENT: 1.0}
     assert cfg.reward.correctness == "exact_match"  # the verifier still decides `correct`

@@ -14,22 +14,43 @@ from tether.health.monitor import HealthMonitor, NullMonitor, build_context, bui
 from tether.health.remediation import ACTIONS, do_rollback, take_snapshot
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy
+from tether.settings import RunSettings
 from tether.train.update import UpdateState
 from health_helpers import healthy_row
 
 
-def _state():
+def _state(cfg: TetherConfig | None = None):
     model = torch.nn.Linear(3, 3)
     opt = build_optimizer(model.parameters(), 1e-3)
     return SimpleNamespace(step=0, policy=HFPolicy(model, None, (0,), 0), optimizer=opt,
-                           scheduler=build_scheduler(opt, 100), update=UpdateState(), critic=None, ref=None)
+                           scheduler=build_scheduler(opt, 100), update=UpdateState(), critic=None, ref=None,
+                           settings=RunSettings(cfg or TetherConfig()))
 
 
 def _cfg(**health):
     cfg = TetherConfig()
-    cfg.health = cfg.health.model_copy(update={"mode": "auto", "snapshot_every": 2, "trial_window": 4,
-                                               "watchdog_timeout_s": None, **health})
-    return cfg
+    return cfg.model_copy(update={"health": cfg.health.model_copy(update={
+        "mode": "auto", "snapshot_every": 2, "trial_window": 4, "watchdog_timeout_s": None, **health})})
+
+
+class _Live:
+    """The config in force, `st.settings.config`, read afresh at every access: what the RL loop
+    passes the monitor each step (a repair is a run-settings change, tether.settings)."""
+
+    def __init__(self, st) -> None:
+        self._st = st
+
+    def __getattr__(self, name):
+        return getattr(self._st.settings.config, name)
+
+
+def _live(cfg: TetherConfig | None = None):
+    st = _state(cfg)
+    return st, _Live(st)
+
+
+def _fault(st, path, value):
+    st.settings.set(path, value, source="test fault", step=st.step)
 
 
 def _drive(mon, st, cfg, steps, edit, direct=False, seed=0):
@@ -61,7 +82,7 @@ def _run(mon, st, cfg, steps, sick):
 
 
 def test_lower_lr_repairs_an_lr_fault_and_is_kept():
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
     sick = lambda st, step: step >= 15 and st.optimizer.param_groups[0]["lr"] * 25 > 1e-2  # noqa: E731
     assert _run(mon, st, cfg, 40, sick) is None
@@ -73,7 +94,7 @@ def test_lower_lr_repairs_an_lr_fault_and_is_kept():
 
 
 def test_failed_repairs_are_reverted_then_the_run_halts_while_damage_persists():
-    st, cfg = _state(), _cfg(max_actions=3)
+    st, cfg = _live(_cfg(max_actions=3))
     mon = HealthMonitor(cfg)
     halted = _run(mon, st, cfg, 60, lambda st, step: step >= 15)  # nothing fixes it: grad spikes keep coming
     assert halted == 29 and "no applicable repair left" in mon.halted
@@ -87,7 +108,7 @@ def test_failed_repairs_are_reverted_then_the_run_halts_while_damage_persists():
 
 
 def test_failed_repairs_without_damage_advise_until_accuracy_regresses():
-    st, cfg = _state(), _cfg(max_actions=2)
+    st, cfg = _live(_cfg(max_actions=2))
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
@@ -105,7 +126,7 @@ def test_failed_repairs_without_damage_advise_until_accuracy_regresses():
 
 
 def test_code_bug_halts_once_it_costs_accuracy_at_the_last_healthy_weights():
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
@@ -137,13 +158,10 @@ def test_rollback_restores_weights_and_moments_but_keeps_hyperparameters():
 @pytest.mark.parametrize("name", ["lower_lr", "raise_kl", "tighten_clip", "enable_is_correction", "raise_temperature",
                                   "raise_max_tokens", "downweight_component", "restore_clip", "lower_epochs"])
 def test_every_action_undoes_itself(name):
-    st, cfg = _state(), TetherConfig()
-    from tether.config import RewardComponentConfig
-
-    cfg.reward.components = [*cfg.reward.components, RewardComponentConfig(name="format", weight=1.0)]
-    cfg.rollout.sampling.temperature = 0.5
-    cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0  # clipping off
-    cfg.algo.epochs = 6
+    base = TetherConfig.model_validate({"reward": {"components": [{"name": "exact_match"}, {"name": "format", "weight": 1.0}]},
+                                         "rollout": {"sampling": {"temperature": 0.5}},
+                                         "algo": {"policy_loss": {"clip_low": 1000.0, "clip_high": 1000.0}, "epochs": 6}})
+    st, cfg = _live(base)  # clipping off
     before, lr = cfg.model_dump(), st.optimizer.param_groups[0]["lr"]
     changes = ACTIONS[name].apply(st, cfg, {})
     assert changes, name
@@ -154,7 +172,7 @@ def test_every_action_undoes_itself(name):
 
 
 def test_a_broken_detector_is_disabled_and_training_goes_on():
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
 
     def boom(h, ctx):
@@ -166,7 +184,7 @@ def test_a_broken_detector_is_disabled_and_training_goes_on():
 
 
 def test_a_failing_monitor_never_raises():
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
     metrics = {}
     assert mon.observe(st, cfg, metrics, None) is False  # groups=None breaks telemetry: logged, skipped
@@ -174,15 +192,14 @@ def test_a_failing_monitor_never_raises():
 
 
 def test_mode_off_is_a_null_monitor():
-    cfg = TetherConfig()
-    cfg.health.mode = "off"
+    cfg = TetherConfig.model_validate({"health": {"mode": "off"}})
     mon = build_health(cfg)
     assert isinstance(mon, NullMonitor) and mon.observe(None, cfg, {}, []) is False
     assert TetherConfig.model_validate({"health": {"mode": False}}).health.mode == "off"  # YAML `off`
 
 
 def test_undamaged_weights_are_kept_and_an_unsafe_correction_is_reverted():
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
@@ -201,17 +218,17 @@ def test_undamaged_weights_are_kept_and_an_unsafe_correction_is_reverted():
 def test_lr_repair_scales_with_how_far_the_update_size_is_out_of_range():
     st = _state()
     lr = st.optimizer.param_groups[0]["lr"]
-    ACTIONS["lower_lr"].apply(st, TetherConfig(), {"update_ratio": 400.0})  # KL 400x: LR ~20x too high
+    ACTIONS["lower_lr"].apply(st, st.settings.config, {"update_ratio": 400.0})  # KL 400x: LR ~20x too high
     assert st.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 20)
     st = _state()
-    ACTIONS["lower_lr"].apply(st, TetherConfig(), {"update_ratio": 2.0})  # barely out of range: the 0.3x step
+    ACTIONS["lower_lr"].apply(st, st.settings.config, {"update_ratio": 2.0})  # barely out of range: the 0.3x step
     assert st.optimizer.param_groups[0]["lr"] == pytest.approx(lr * 0.3)
 
 
 def test_clip_and_epoch_repairs_apply_only_when_out_of_range():
-    st, cfg = _state(), TetherConfig()
+    st, cfg = _live()
     assert ACTIONS["restore_clip"].apply(st, cfg, {}) == [] and ACTIONS["lower_epochs"].apply(st, cfg, {}) == []
-    cfg.algo.epochs = 8
+    _fault(st, "algo.epochs", 8)
     assert [c.new for c in ACTIONS["lower_epochs"].apply(st, cfg, {})] == [1]
 
 
@@ -233,28 +250,32 @@ def _mismatch(row, step, cfg):
 
 
 def test_a_repair_on_trial_stays_in_force_and_undoable_across_a_resume():
-    """Issue 14: the config is re-read from config.yaml on resume, so a repair's config change
-    must be applied again from the checkpointed monitor, and its undo must still work."""
+    """Issue 14: a repair's config change is a run-settings change (tether.settings) that the
+    checkpoint carries; a resume restores it with the monitor, and its undo still works."""
     import io
 
     rng = random.Random(3)
     rows = [healthy_row(s, rng) for s in range(1, 30)]
-    st_a, cfg_a = _state(), _cfg()
+    st_a, cfg_a = _live(_cfg())
     whole = HealthMonitor(cfg_a)
     _feed(whole, st_a, cfg_a, rows, range(1, 30), _mismatch)
     applied = whole.actions[0]["step"]
     assert [a["event"] for a in whole.actions][:2] == ["apply", "revert"] and cfg_a.algo.correction.mode == "truncate"
 
-    st_b, cfg_b = _state(), _cfg()
+    st_b, cfg_b = _live(_cfg())
     first = HealthMonitor(cfg_b)
     _feed(first, st_b, cfg_b, rows, range(1, applied + 2), _mismatch)  # killed one step into the trial
     assert first.trial is not None and cfg_b.algo.correction.mode == "mask"
     buf = io.BytesIO()
-    torch.save(first.state_dict(), buf)
+    torch.save({"health": first.state_dict(), "settings": st_b.settings.state_dict()}, buf)
     buf.seek(0)
-    cfg_c = _cfg()  # what a resume re-reads from config.yaml: no repair in it
-    resumed = build_health(cfg_c, st=st_b, state=torch.load(buf, weights_only=True))
+    saved = torch.load(buf, weights_only=True)  # what RLState.load_extra_state reads back
+    st_b.settings = RunSettings(_cfg())  # the resumed run's config, from config.yaml: no repair in it
+    st_b.settings.load_state_dict(saved["settings"])
+    cfg_c = _Live(st_b)
     assert cfg_c.algo.correction.mode == "mask" and cfg_c.algo.correction.level == "sequence"
+    resumed = build_health(cfg_c, st=st_b, state=saved["health"])
+    assert st_b.settings.drain() == []  # in force already: nothing is changed (or logged) again
     _feed(resumed, st_b, cfg_c, rows, range(applied + 2, 30), _mismatch)
     assert resumed.actions == whole.actions
     assert cfg_c.algo.correction.model_dump() == cfg_a.algo.correction.model_dump()  # the revert's undo ran
@@ -263,11 +284,11 @@ def test_a_repair_on_trial_stays_in_force_and_undoable_across_a_resume():
 def test_a_kept_kl_anchor_is_rebuilt_from_the_checkpoint_on_resume():
     from tether.health.remediation import restore_in_force
 
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     changes = ACTIONS["raise_kl"].apply(st, cfg, {})
     records = [{"event": "apply", "action": "raise_kl", "changes": [c.to_json() for c in changes]},
                {"event": "keep", "action": "raise_kl", "changes": [c.to_json() for c in changes]}]
-    st2, cfg2 = _state(), _cfg()
+    st2, cfg2 = _live(_cfg())  # a checkpoint without run settings: restore_in_force puts the repair in force again
     saved = {k: v + 1.0 for k, v in st.ref.model.state_dict().items()}
     st2.pending_ref = saved  # RLState.load_extra_state keeps the checkpoint's reference weights here
     rebuilt = restore_in_force(st2, cfg2, records)
@@ -277,7 +298,7 @@ def test_a_kept_kl_anchor_is_rebuilt_from_the_checkpoint_on_resume():
         c.undo()
     assert st2.ref is None and cfg2.algo.kl.coef == 0.0 and st2.update.kl_coef == 0.0
     reverted = records[:1] + [{"event": "revert", "action": "raise_kl", "changes": records[0]["changes"]}]
-    st3, cfg3 = _state(), _cfg()
+    st3, cfg3 = _live(_cfg())
     assert restore_in_force(st3, cfg3, reverted) == [] and cfg3.algo.kl.coef == 0.0 and st3.ref is None
 
 
@@ -285,7 +306,8 @@ def _clip_off_and_lr_x4(st, cfg, row, step, lr_factor=4):
     """From step 15: clipping switched off and the LR 4x too high; the per-update KL scales with
     the LR squared, and 10x more without clipping."""
     if step == 15:
-        cfg.algo.policy_loss.clip_low = cfg.algo.policy_loss.clip_high = 1000.0
+        _fault(st, "algo.policy_loss.clip_low", 1000.0)
+        _fault(st, "algo.policy_loss.clip_high", 1000.0)
         st.optimizer.param_groups[0]["lr"] *= lr_factor
     lr_x = st.optimizer.param_groups[0]["lr"] / 1e-3
     row["approx_kl"] *= lr_x ** 2 * (10 if cfg.algo.policy_loss.clip_low >= 0.9 else 1)
@@ -296,7 +318,7 @@ def test_a_repair_that_halves_the_update_size_stays_and_the_next_goes_on_top():
     per-update KL from 160x to 16x healthy - not enough to silence kl_explosion, but part of the
     repair, so it stays and an LR cut sized by what is left (the trial window's median KL over the
     pre-fault median) is tried on top."""
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
@@ -312,7 +334,7 @@ def test_a_repair_that_halves_the_update_size_stays_and_the_next_goes_on_top():
 
 
 def test_a_partial_repair_that_lost_accuracy_stays_and_the_next_starts_from_the_healthy_weights():
-    st, cfg = _state(), _cfg()
+    st, cfg = _live(_cfg())
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
@@ -333,7 +355,7 @@ def test_the_absolute_update_size_check_counts_as_harm_in_a_trial():
     > 0.5 nats) sees it - the relative KL rule is off, as when its baseline was already high (a
     multi-epoch config; faultbench clip_disabled seed 1). Restoring clipping is part of the repair
     (kept, partial), not reverted for the accuracy the remaining excess costs."""
-    st, cfg = _state(), _cfg(disable=["kl_explosion"])
+    st, cfg = _live(_cfg(disable=["kl_explosion"]))
     mon = HealthMonitor(cfg)
 
     def edit(row, step):
@@ -354,7 +376,7 @@ def test_a_kept_lr_repair_that_leaves_the_update_size_out_of_band_is_followed_by
     evidence (1/sqrt(100)), leaves the LR 2.5x too high - 6x the healthy KL, which the 8x spike
     rule does not flag, so the trial keeps it. The trial window's median KL is still out of the
     healthy band (2x), so the LR is cut again by 1/sqrt(6.25) and the update size is back."""
-    st, cfg = _state(), _cfg(trial_window=5)
+    st, cfg = _live(_cfg(trial_window=5))
     mon = HealthMonitor(cfg)
 
     def edit(row, step):

@@ -204,6 +204,5 @@ def test_task_normalised_advantages_are_not_checked_as_group_relative():
 
     cfg = TetherConfig()
     assert build_context(cfg).advantage == "grpo"
-    cfg.algo.advantage.task_norm = "task"
-    ctx = build_context(cfg)
+    ctx = build_context(TetherConfig.model_validate({"algo": {"advantage": {"task_norm": "task"}}}))
     assert first(run(lambda r, s: r.update({"advantage/group_mean_max": 0.3}), ctx=ctx), "advantage_invariants") is None

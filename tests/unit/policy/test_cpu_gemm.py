@@ -155,16 +155,17 @@ def test_config_key_decides_over_the_environment_and_auto_gives_it_back(gemm_bac
     # auto hands the choice back to the variable (and the machine)
     from tether.config import load_config
     from tether.hardware import precision_record
-    from tether.train.setup import setup_problems
+    from tether.train.setup import configure_process
 
     gemm_backend("onednn" if torch.backends.mkldnn.is_available() else "torch")
     cpu_gemm.configure("torch")
     assert cpu_gemm.backend() == "torch" and cpu_gemm.reason() == "model.cpu_linear=torch (set explicitly)"
-    rec = precision_record("auto", "cpu", False)
+    rec = precision_record("auto", "cpu", False, cpu_gemm.describe())
     assert rec["cpu_linear"] == "torch" and "model.cpu_linear" in rec["cpu_linear_reason"]
     cpu_gemm.configure("auto")
     assert cpu_gemm.reason().startswith(cpu_gemm.ENV)
-    setup_problems(load_config(None, ["model.cpu_linear=torch", "data.train_size=8", "data.eval_size=4"]))  # a run's start
+    cfg = load_config(None, ["model.cpu_linear=torch"])
+    configure_process(cfg.sandbox, cfg.model)  # a run's start
     assert cpu_gemm.backend() == "torch"
     with pytest.raises(ValueError, match="model.cpu_linear"):
         cpu_gemm.configure("mkl")

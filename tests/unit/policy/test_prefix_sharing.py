@@ -160,5 +160,5 @@ def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy,
         assert torch.allclose(out[0][1][n], out[1][1][n], atol=1e-5, rtol=1e-4), n
     cfg = load_config(None, ["data.task=arith", "data.train_size=20", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
                              "model.tiny.intermediate_size=64", "model.gradient_checkpointing=true"])
-    train, _ = setup_problems(cfg)
-    assert is_checkpointing(setup_policy(cfg, tmp_path, train).model)
+    train, _ = setup_problems(cfg.data)
+    assert is_checkpointing(setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path, train).model)

@@ -9,6 +9,7 @@ import pytest
 
 from tether.config import ConfigError, load_config
 from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
+from tether.settings import RunSettings
 
 RM = "{name: reward_stubs:constant, kwargs: {value: 0.5}"
 
@@ -18,25 +19,31 @@ def _cfg(extra: str, more: list[str] = ()):
 
 
 def test_stop_fires_at_the_cap_and_not_before(capsys):
-    cfg = _cfg(", max_steps: 3")
-    assert apply_reward_caps(cfg, 0) == [] and apply_reward_caps(cfg, 2) == []
-    events = apply_reward_caps(cfg, 3)
+    settings = RunSettings(_cfg(", max_steps: 3"))
+    assert apply_reward_caps(settings, 0) == [] and apply_reward_caps(settings, 2) == []
+    events = apply_reward_caps(settings, 3)
     assert [(e["component"], e["action"], e["step"], e["max_steps"]) for e in events] == [
         ("reward_stubs:constant", "stop", 3, 3)]
     assert stops_run(events) and not stops_run([])
     assert reward_cap_metrics(events) == {"reward/capped/reward_stubs:constant": 1.0}
     assert "paid for 3 steps (max_steps=3): stopping the run" in capsys.readouterr().out
-    assert [c.weight for c in cfg.reward.components] == [1.0, 1.0]  # stop leaves the weights alone
+    assert [c.weight for c in settings.config.reward.components] == [1.0, 1.0]  # stop leaves the weights alone
+    assert settings.drain() == []
 
 
 def test_drop_sets_the_weight_to_zero_once():
     cfg = _cfg(", weight: 0.5, max_steps: 2, at_max_steps: drop")
-    assert apply_reward_caps(cfg, 1, verbose=False) == []
-    events = apply_reward_caps(cfg, 2, verbose=False)
+    settings = RunSettings(cfg)
+    assert apply_reward_caps(settings, 1, verbose=False) == []
+    events = apply_reward_caps(settings, 2, verbose=False)
     assert [(e["action"], e["weight"]) for e in events] == [("drop", 0.5)] and not stops_run(events)
-    assert [c.weight for c in cfg.reward.components] == [1.0, 0.0]
-    assert apply_reward_caps(cfg, 3, verbose=False) == []  # dropped already: no second event
-    assert cfg.reward.components[1].kwargs == {"value": 0.5}  # only the weight changed
+    assert [c.weight for c in settings.config.reward.components] == [1.0, 0.0]
+    assert [c.weight for c in cfg.reward.components] == [1.0, 0.5]  # a run-settings change: the config stays
+    assert apply_reward_caps(settings, 3, verbose=False) == []  # dropped already: no second event
+    assert settings.config.reward.components[1].kwargs == {"value": 0.5}  # only the weight changed
+    [change] = settings.drain()  # logged once, as the run's settings.jsonl records it
+    assert (change["step"], change["path"], change["source"]) == (2, "reward.components", "reward cap")
+    assert [c["weight"] for c in change["new"]] == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("bad", [", max_steps: 0", ", max_steps: -5", ", max_steps: 2, at_max_steps: halt"])
@@ -75,3 +82,5 @@ def test_rl_run_honours_the_cap(tmp_path, action):
             assert rows[step]["reward/total/mean"] == pytest.approx(rows[step]["reward/exact_match/mean"] + 0.5)
         for step in (3, 4):
             assert rows[step]["reward/total/mean"] == pytest.approx(rows[step]["reward/exact_match/mean"])
+        changes = [json.loads(x) for x in (tmp_path / "run" / "settings.jsonl").read_text().splitlines()]
+        assert [(c["step"], c["path"], c["source"]) for c in changes] == [(2, "reward.components", "reward cap")]

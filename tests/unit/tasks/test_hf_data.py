@@ -70,7 +70,7 @@ def test_held_out_split_is_disjoint_and_seeded():
 def test_jsonl_without_eval_path_no_longer_evaluates_on_training_rows(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(20)))
-    train, held = setup_problems(load_config(None, ["data.task=jsonl", f"data.path={path}", "data.eval_size=4"]))
+    train, held = setup_problems(load_config(None, ["data.task=jsonl", f"data.path={path}", "data.eval_size=4"]).data)
     assert len(held) == 4 and len(train) == 16
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
 
@@ -82,7 +82,7 @@ def test_streaming_reads_only_what_it_needs(tmp_path):
     assert [p["prompt"] for p in got] == [str(i) for i in range(7)] and got[3]["answer"] == "3"
     cfg = load_config(None, ["data.task=hf", f"data.path={path}", "data.prompt_key=q", "data.answer_key=a",
                              "data.streaming=true", "data.train_size=10", "data.eval_size=5"])
-    train, held = setup_problems(cfg)
+    train, held = setup_problems(cfg.data)
     assert len(train) + len(held) == 15  # the first train_size + eval_size rows, no more
 
 

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
 from tether.envs.base import Action, EnvSpec, Observation, StepResult, register_env
-from tether.config import ConfigError
+from tether.config_text import ConfigError
 from tether.envs.sandbox import SandboxLimits, SandboxUnavailable, resolve_backend, run_python_tests
 from tether.envs.tools import Tool, make_tool
 from tether.types import Message

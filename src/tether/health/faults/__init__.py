@@ -5,16 +5,20 @@ names), two severities (`subtle`, `obvious`) and the seam(s) it acts on. The rec
 seams through one object, `st.faults`, which is `NO_FAULTS` (every seam returns its input) unless
 `health.inject` names faults, so the no-fault path costs one method call per seam:
 
-    problems = st.faults.begin_rollout(problems)   # data, sampler, weight sync
+    st.faults.begin_step()                         # config faults: run-settings changes, first in a step
+    problems, sampling = st.faults.begin_rollout(problems, sampling)   # data, sampler, weight sync
     groups = st.faults.end_rollout(groups)         # rewards, rollout log-probs, grouping
     adv = st.faults.on_advantages(adv, group_B)    # credit assignment (AdvantageOutputs)
     batch = st.faults.on_batch(batch)              # loss inputs: loss mask, advantages, rollout log-probs
 
-`begin_rollout` may swap the engine the rollout runs on (`st.policy`, `cfg.rollout.sampling`);
-`end_rollout` swaps it back, so the trainer never sees the swap. A fault overrides the hooks of
-its seam (the step being computed is passed as `step`, 1-based):
+`begin_rollout` may swap the engine the rollout runs on (`st.policy`; the sampling settings it
+returns); `end_rollout` swaps the policy back, so the trainer never sees the swap. A fault
+overrides the hooks of its seam (the step being computed is passed as `step`, 1-based):
 
-    begin_step(st, cfg, step)              config faults (a bad LR, temperature, reward weight)
+    begin_step(st, cfg, step)              config faults (a bad LR, temperature, reward weight): `cfg`
+                                           is the config in force (frozen); a fault changes it with
+                                           `self.set(st, "algo.epochs", 8)`, a run-settings change
+                                           (tether.settings) that is checkpointed and logged
     on_problems(problems, step)            data: what the loader hands out
     on_sampler(policy, sampling, step)     sampler / weight sync: what the rollout engine runs
     on_rollouts(groups, step)              rewards, rollout log-probs, grouping
@@ -95,6 +99,10 @@ class Fault:
     def active(self, step: int) -> bool:
         return step >= self.start
 
+    def set(self, st: Any, path: str, value: Any) -> None:
+        """Put a config value in force from this step on (`st.settings`, tether.settings)."""
+        st.settings.set(path, value, source=f"fault {self.name}", step=int(st.step) + 1)
+
     def coin(self, *key: Any) -> float:
         """A reproducible uniform number in [0, 1) for `key` (never touches the run's RNGs)."""
         h = hashlib.blake2b(repr((self.name, self.seed) + key).encode(), digest_size=8).digest()
@@ -169,8 +177,11 @@ class NoFaults:
     def __bool__(self) -> bool:
         return False
 
-    def begin_rollout(self, problems):
-        return problems
+    def begin_step(self) -> None:
+        pass
+
+    def begin_rollout(self, problems, sampling):
+        return problems, sampling
 
     def end_rollout(self, groups):
         return groups
@@ -186,16 +197,17 @@ NO_FAULTS = NoFaults()
 
 
 class FaultSet:
-    """The injected faults of a run, called at the seams; the current step comes from `st.step`."""
+    """The injected faults of a run, called at the seams; the current step comes from `st.step`, the
+    config in force from `st.settings` (tether.settings)."""
 
-    def __init__(self, faults: Sequence[Fault], st: Any, cfg: Any) -> None:
+    def __init__(self, faults: Sequence[Fault], st: Any) -> None:
         self.faults = tuple(faults)
-        self.st, self.cfg = st, cfg
+        self.st = st
         self._begun = 0
-        self._swapped: tuple[Any, Any] | None = None
+        self._swapped: Any = None
         for f in self.faults:
             f.view = FaultView(st)
-            f.install(st, cfg, self._step)
+            f.install(st, st.settings.config, self._step)
 
     def __bool__(self) -> bool:
         return bool(self.faults)
@@ -203,31 +215,36 @@ class FaultSet:
     def _step(self) -> int:
         return int(self.st.step) + 1
 
-    def _live(self) -> list[Fault]:
+    def begin_step(self) -> None:
+        """Apply the config faults of the step about to be computed (once per step; the recipe
+        calls this first in a step, so the whole step runs under the settings they put in force)."""
         step = self._step()
-        if self._begun != step:  # the first seam of a step applies config faults
+        if self._begun != step:
             self._begun = step
             for f in self.faults:
                 if f.active(step):
-                    f.begin_step(self.st, self.cfg, step)
+                    f.begin_step(self.st, self.st.settings.config, step)
+
+    def _live(self) -> list[Fault]:
+        self.begin_step()
+        step = self._step()
         return [f for f in self.faults if f.active(step)]
 
-    def begin_rollout(self, problems):
+    def begin_rollout(self, problems, sampling):
+        """(problems, sampling) for this step's rollout; a sampler fault may swap `st.policy` too."""
         live, step = self._live(), self._step()
         for f in live:
             problems = f.on_problems(problems, step)
-        policy, sampling = self.st.policy, self.cfg.rollout.sampling
+        policy = self.st.policy
         for f in live:
             policy, sampling = f.on_sampler(policy, sampling, step)
-        if policy is not self.st.policy or sampling is not self.cfg.rollout.sampling:
-            self._swapped = (self.st.policy, self.cfg.rollout.sampling)
-            self.st.policy, self.cfg.rollout.sampling = policy, sampling
-        return problems
+        if policy is not self.st.policy:
+            self._swapped, self.st.policy = self.st.policy, policy
+        return problems, sampling
 
     def end_rollout(self, groups):
         if self._swapped is not None:
-            self.st.policy, self.cfg.rollout.sampling = self._swapped
-            self._swapped = None
+            self.st.policy, self._swapped = self._swapped, None
         for f in self._live():
             groups = f.on_rollouts(groups, self._step())
         return groups
@@ -296,7 +313,7 @@ def _import_user_module(module: str) -> Any:
             raise ValueError(f"fault module {module!r}: {err2}") from None
 
 
-def build_faults(specs: Sequence[Any], st: Any, cfg: Any, seed: int = 0) -> FaultSet | NoFaults:
+def build_faults(specs: Sequence[Any], st: Any, seed: int = 0) -> FaultSet | NoFaults:
     """`st.faults` for a run: NO_FAULTS when `specs` is empty, else a FaultSet with hooks installed."""
     if not specs:
         return NO_FAULTS
@@ -305,7 +322,7 @@ def build_faults(specs: Sequence[Any], st: Any, cfg: Any, seed: int = 0) -> Faul
         d = s.model_dump() if hasattr(s, "model_dump") else dict(s)
         cls = get_fault_class(d["name"])
         faults.append(cls(d.get("severity", "obvious"), d.get("start", 1), d.get("params") or {}, seed))
-    return FaultSet(faults, st, cfg)
+    return FaultSet(faults, st)
 
 
 __all__ = ["FAMILIES", "FAULTS", "Fault", "FaultSet", "FaultView", "ReadOnly", "NO_FAULTS", "NoFaults", "build_faults", "get_fault_class",

@@ -72,8 +72,7 @@ class LowTemperature(Fault):
 
     def begin_step(self, st, cfg, step):
         if not getattr(self, "_done", False):
-            s = cfg.rollout.sampling
-            s.temperature = s.temperature * self.p["factor"]
+            self.set(st, "rollout.sampling.temperature", cfg.rollout.sampling.temperature * self.p["factor"])
             self._done = True
 
 
@@ -88,5 +87,5 @@ class EntropyBonus(Fault):
 
     def begin_step(self, st, cfg, step):
         if not getattr(self, "_done", False):
-            cfg.algo.entropy_coef = self.p["coef"]
+            self.set(st, "algo.entropy_coef", self.p["coef"])
             self._done = True

@@ -89,9 +89,9 @@ class NanReward(Fault):
         first = comps[0]
         comps[0] = first.model_copy(update={"name": "tether.health.faults.reported:nan_sometimes",
                                             "kwargs": {"inner": first.name, "p": self.p["p"]}})
+        self.set(st, "reward.components", comps)
         if cfg.reward.correctness in (None, first.name):
-            cfg.reward.correctness = comps[0].name
-        cfg.reward.components = comps
+            self.set(st, "reward.correctness", comps[0].name)
 
 
 # ----------------------------------------------------------------------------- optimisation
@@ -109,8 +109,8 @@ class ClipDisabled(Fault):
 
     def begin_step(self, st, cfg, step):
         if not getattr(self, "_done", False):
-            pl = cfg.algo.policy_loss
-            pl.clip_low = pl.clip_high = self.p["clip"]
+            self.set(st, "algo.policy_loss.clip_low", self.p["clip"])
+            self.set(st, "algo.policy_loss.clip_high", self.p["clip"])
             for g in st.optimizer.param_groups[:1]:  # the run this config came from used a larger LR
                 g["lr"] *= self.p["lr_factor"]
             if getattr(st, "scheduler", None) is not None:
@@ -129,7 +129,7 @@ class EpochOveruse(Fault):
 
     def begin_step(self, st, cfg, step):
         if not getattr(self, "_done", False):
-            cfg.algo.epochs = int(self.p["epochs"])
+            self.set(st, "algo.epochs", int(self.p["epochs"]))
             self._done = True
 
 

@@ -31,11 +31,11 @@ def flaky(text: str, task: Mapping[str, Any], *, inner: str, p: float = 0.1) -> 
     return load_reward_fn(inner)(text, task)
 
 
-def _set_components(cfg: Any, comps: list[Any]) -> None:
+def _set_components(fault: Fault, st: Any, cfg: Any, comps: list[Any]) -> None:
     first = cfg.reward.correctness or cfg.reward.components[0].name
-    cfg.reward.components = comps
+    fault.set(st, "reward.components", comps)
     if cfg.reward.correctness is None:
-        cfg.reward.correctness = first
+        fault.set(st, "reward.correctness", first)
 
 
 @register_fault
@@ -51,9 +51,9 @@ class RewardHackBonus(Fault):
     def begin_step(self, st, cfg, step):
         if any(c.name == self.COMPONENT for c in cfg.reward.components):
             return
-        from tether.config import RewardComponentConfig
+        from tether.rewards.config import RewardComponentConfig
 
-        _set_components(cfg, [*cfg.reward.components, RewardComponentConfig(name=self.COMPONENT, weight=self.p["weight"])])
+        _set_components(self, st, cfg, [*cfg.reward.components, RewardComponentConfig(name=self.COMPONENT, weight=self.p["weight"])])
 
 
 @register_fault
@@ -114,10 +114,10 @@ class RewardErrors(Fault):
         _FLAKY.seed(self.seed)
         wrapped = first.model_copy(update={"name": "tether.health.faults.reward:flaky",
                                            "kwargs": {"inner": first.name, "p": self.p["p"]}})
-        if cfg.reward.correctness in (None, first.name):
-            cfg.reward.correctness = wrapped.name
         comps[0] = wrapped
-        cfg.reward.components = comps
+        self.set(st, "reward.components", comps)
+        if cfg.reward.correctness in (None, first.name):
+            self.set(st, "reward.correctness", wrapped.name)
 
 
 def length_judge(text: str, task: Mapping[str, Any], *, bias: float = 0.8, chars: int = 6) -> float:
@@ -144,8 +144,8 @@ class ExploitableJudge(Fault):
     def begin_step(self, st, cfg, step):
         if any(c.name == self.COMPONENT for c in cfg.reward.components):
             return
-        from tether.config import RewardComponentConfig
+        from tether.rewards.config import RewardComponentConfig
 
         verifier = [c.model_copy(update={"weight": 0.0}) for c in cfg.reward.components]
         judge = RewardComponentConfig(name=self.COMPONENT, weight=1.0, kwargs={"bias": self.p["bias"]})
-        _set_components(cfg, [*verifier, judge])
+        _set_components(self, st, cfg, [*verifier, judge])

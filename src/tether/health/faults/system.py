@@ -89,9 +89,9 @@ class SlowReward(Fault):
         first = comps[0]
         comps[0] = first.model_copy(update={"name": "tether.health.faults.system:slow",
                                             "kwargs": {"inner": first.name, "delay": self.p["delay"]}})
+        self.set(st, "reward.components", comps)
         if cfg.reward.correctness in (None, first.name):
-            cfg.reward.correctness = comps[0].name
-        cfg.reward.components = comps
+            self.set(st, "reward.correctness", comps[0].name)
 
 
 @register_fault
@@ -106,5 +106,5 @@ class GenerationCut(Fault):
     def begin_step(self, st, cfg, step):
         if not getattr(self, "_done", False):
             s = cfg.rollout.sampling
-            s.max_new_tokens = max(1, round(s.max_new_tokens * self.p["factor"]))
+            self.set(st, "rollout.sampling.max_new_tokens", max(1, round(s.max_new_tokens * self.p["factor"])))
             self._done = True

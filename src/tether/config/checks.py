@@ -1,4 +1,5 @@
-"""Config checks that ask the registries (DESIGN.md rules 3 and 12), run when a config loads.
+"""Checks across config sections, run when a config loads: combinations that would silently do
+nothing or cannot work, and the checks that ask the registries (DESIGN.md rules 3 and 12), run when a config loads.
 
 Every registry name in a config is looked up here, so a typo exits with the nearest name before
 any model is built; and the facts registered with an entry (`tether.algos.AdvantageFacts`)
@@ -10,11 +11,50 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from tether.dist.config import find_dist_problems
+from tether.tasks.sources import find_source_problem
+
+
+def find_noop_combinations(cfg: Any) -> list[str]:
+    """Flag settings that would silently do nothing or cannot work (pitfalls.md #21)."""
+    out: list[str] = []
+    kl, algo = cfg.algo.kl, cfg.algo
+    if kl.coef > 0 and kl.reference == "none":
+        out.append("algo.kl.coef > 0 needs a reference policy: set algo.kl.reference=initial or algo.kl.coef=0")
+    if kl.coef == 0 and kl.reset_every is not None:
+        out.append("algo.kl.reset_every does nothing with algo.kl.coef=0: set a coefficient or drop reset_every")
+    if cfg.model.lora is not None and kl.reset_every is not None:
+        out.append("algo.kl.reset_every cannot work with model.lora (the LoRA reference is the base with adapters off, "
+                   "and a reset would merge the adapter): drop algo.kl.reset_every or model.lora")
+    if kl.coef == 0 and kl.adaptive_target is not None:
+        out.append("algo.kl.adaptive_target needs an initial algo.kl.coef > 0")
+    unknown = find_unknown_names(cfg)
+    out.extend(unknown or find_fact_problems(cfg))
+    if algo.dynamic_sampling.enable and cfg.rollout.n < 2:
+        out.append("algo.dynamic_sampling needs rollout.n >= 2 to see reward variance")
+    if algo.correction.mode == "mask" and algo.correction.threshold_low is None:
+        out.append("algo.correction.mode=mask needs algo.correction.threshold_low (e.g. 0.5)")
+    if algo.correction.mode != "mask" and algo.correction.threshold_low is not None:
+        out.append("algo.correction.threshold_low only applies to mode=mask")
+    if cfg.reward.correctness is not None:
+        names = [c.name for c in cfg.reward.components]
+        if cfg.reward.correctness not in names:
+            out.append(f"reward.correctness={cfg.reward.correctness!r} is not one of reward.components {names}")
+    if (source := find_source_problem(cfg.data)) is not None:
+        out.append(source)
+    if cfg.harness.token is None and cfg.harness.host not in ("127.0.0.1", "localhost", "::1"):
+        out.append(f"harness.host={cfg.harness.host!r} is not loopback: set harness.token (requests must carry it)")
+    out.extend(find_dist_problems(cfg))
+    return out
+
 
 def find_unknown_names(cfg: Any) -> list[str]:
     """One line per registry name in `cfg` that is not registered (with the nearest valid name)."""
     from tether.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
-    from tether.tasks import find_task_problem
+    from tether.tasks import TASKS, find_task_problem
+
+    if cfg.data.task not in TASKS:
+        import tether.envs  # noqa: F401  (registers the environments as tasks; slow, so only when needed)
 
     a = cfg.algo
     out = [p for p in (ADVANTAGES.check(a.advantage.name, "algo.advantage.name"),

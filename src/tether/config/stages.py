@@ -1,4 +1,4 @@
-"""Config sections of the stage recipes and of multi-stage pipelines (kept next to the recipes).
+"""Config sections of the recipes themselves: `sft:`, `rm:`, the stage recipes and multi-stage pipelines.
 
     pipeline:
       stages:
@@ -19,16 +19,49 @@ from __future__ import annotations
 import difflib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, PositiveInt, field_validator
+
+from tether.section import Section
 
 STAGE_KINDS = ("sft", "rl", "rs_sft", "dpo", "distill", "merge", "eval")
 
 
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+class SFTConfig(Section):
+    steps: int = Field(300, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(32, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    train_size: int | None = Field(None, gt=0, description="demonstrations to generate")
+    demo_noise: float = Field(
+        0.0, ge=0, lt=1,
+        description="probability that a built-in demonstration's answer is corrupted (a weak teacher)",
+    )
 
 
-class RSSFTConfig(_Base):
+class RMConfig(Section):
+    """`tether rm`: a Bradley-Terry reward model trained from preference pairs (tether.recipes.rm)."""
+
+    pairs: str | None = Field(None, description="JSONL of {prompt, chosen, rejected}; None: pairs from verifier "
+                                                "outcomes of `samples` rollouts per training problem of model.path")
+    eval_pairs: str | None = Field(None, description="held-out pairs (default: eval_fraction of the pairs)")
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    samples: int = Field(8, ge=2, description="rollouts per problem when pairs come from verifier outcomes")
+    problems: int = Field(256, gt=0, description="training problems sampled for verifier pairs")
+    steps: int = Field(200, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(16, gt=0)
+    max_length: int = Field(256, gt=0)
+    eval_every: int = Field(50, ge=0)
+    save_at: list[PositiveInt] = Field(
+        default_factory=list, description="also save the model and its held-out pair accuracy at these steps "
+        "(step-N/final_model, step-N/summary.json): the learning rate is constant, so each is the model of an "
+        "N-step run, from one longer run")
+
+
+class RSSFTConfig(Section):
     """Rejection-sampling SFT (DeepSeek-R1 arXiv 2501.12948 §2.3.3; selective RFT of SWE-agent RL)."""
 
     problems: int = Field(256, gt=0, description="train problems to sample from")
@@ -41,7 +74,7 @@ class RSSFTConfig(_Base):
     mix_path: str | None = Field(None, description="JSONL of {prompt, completion} mixed in")
 
 
-class DPOConfig(_Base):
+class DPOConfig(Section):
     """Preference training: DPO (arXiv 2305.18290), IPO (arXiv 2310.12036), SimPO (arXiv 2405.14734)."""
 
     loss: str = Field("sigmoid", description="sigmoid (DPO) | ipo | simpo (reference-free)")
@@ -64,7 +97,7 @@ class DPOConfig(_Base):
     grad_clip: float | None = Field(1.0, gt=0)
 
 
-class DistillConfig(_Base):
+class DistillConfig(Section):
     """On-policy distillation: the per-token reverse KL to a teacher as the advantage."""
 
     teacher: str | None = Field(None, description="teacher model directory, or an earlier stage's name")
@@ -72,7 +105,7 @@ class DistillConfig(_Base):
     reward_weight: float = Field(0.0, ge=0, description="weight of the task reward's advantage (algo.advantage)")
 
 
-class MergeConfig(_Base):
+class MergeConfig(Section):
     """Weight-space merging (long2short's model merge, Kimi k1.5 arXiv 2501.12599 §2.4)."""
 
     method: Literal["linear", "task_arithmetic"] = "linear"
@@ -81,7 +114,7 @@ class MergeConfig(_Base):
     base: str | None = Field(None, description="task_arithmetic: the model the task vectors are taken from")
 
 
-class StageConfig(_Base):
+class StageConfig(Section):
     kind: str = Field(..., description="|".join(STAGE_KINDS))
     name: str | None = Field(None, description="folder and handle of the stage (default: its kind, numbered)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="config sections changed for this stage")
@@ -97,5 +130,5 @@ class StageConfig(_Base):
         return v
 
 
-class PipelineConfig(_Base):
+class PipelineConfig(Section):
     stages: list[StageConfig] = Field(default_factory=list, description="empty: sft then rl (the cold-start pipeline)")

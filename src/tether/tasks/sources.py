@@ -1,0 +1,101 @@
+"""Data sources: the `data.task` values whose problems are read from `data.path` instead of generated.
+
+    train, held_out = load_split_problems(cfg.data)   # a source's rows, or a built-in task's generator
+
+The one place that knows the source names (`jsonl`: one {prompt, answer, ...} object per line;
+`hf`: anything `datasets` reads, tether.tasks.hf). Every other module asks this registry:
+`is_file_task` (rows carry their own answers: no generator, no scripted expert),
+`find_source_problem` (a config check), `check_source` (preflight reads the rows) and
+`load_split_problems` (the recipes' problems). A new source is one registered `DataSource`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tether.registry import Registry
+from tether.tasks import load_jsonl, make_splits
+from tether.tasks.config import DataConfig
+
+Problems = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a `data.task` value reads its rows: `load(d) -> (train, held_out)`, `check(d)` reads
+    them as `load` will or raises (DataError naming file:line), `needs` the config fix when
+    `data.path` is missing."""
+
+    name: str
+    load: Callable[[DataConfig], tuple[Problems, Problems]]
+    check: Callable[[DataConfig], None]
+    needs: str
+
+
+SOURCES: Registry[Callable[[], DataSource]] = Registry("data source")
+
+
+def _load_jsonl(d: DataConfig) -> tuple[Problems, Problems]:
+    from tether.tasks.hf import split_held_out
+
+    rows = load_jsonl(d.path)
+    if d.eval_path:
+        return rows, load_jsonl(d.eval_path)
+    train, held = split_held_out(rows, d.eval_size, d.seed)
+    print(f"[tether] data: no data.eval_path; holding out {len(held)} of {len(rows)} rows of {d.path} "
+          f"for evaluation — they are never trained on", flush=True)
+    return train, held
+
+
+def _check_jsonl(d: DataConfig) -> None:
+    for path in (d.path, d.eval_path):
+        if path:
+            load_jsonl(path)
+
+
+def _load_hf(d: DataConfig) -> tuple[Problems, Problems]:
+    from tether.tasks.hf import setup_hf_problems
+
+    return setup_hf_problems(d)
+
+
+@SOURCES.register("jsonl")
+def jsonl_source() -> DataSource:
+    return DataSource("jsonl", _load_jsonl, _check_jsonl, "data.task=jsonl needs data.path=<file.jsonl>")
+
+
+@SOURCES.register("hf")
+def hf_source() -> DataSource:
+    # a `datasets` source is read once, by the recipe: preflight does not read it twice
+    return DataSource("hf", _load_hf, lambda d: None,
+                      "data.task=hf needs data.path=<file.parquet | dataset directory | hub name>")
+
+
+def is_file_task(name: str) -> bool:
+    """Problems come from a file or dataset: demonstrations are the rows' `completion` or `answer`."""
+    return name in SOURCES
+
+
+def find_source_problem(d: DataConfig) -> str | None:
+    """The config fix a data source needs (its `data.path`), None when the config is complete."""
+    return SOURCES[d.task]().needs if d.task in SOURCES and not d.path else None
+
+
+def check_source(d: DataConfig) -> bool:
+    """Read a source's rows as the recipe will (DataError names file:line); False for a generated task."""
+    if d.task not in SOURCES:
+        return False
+    SOURCES[d.task]().check(d)
+    return True
+
+
+def load_split_problems(d: DataConfig) -> tuple[Problems, Problems]:
+    """(train, held-out) problems: a data source's rows (without `data.eval_path`, `data.eval_size`
+    of them held out), or a built-in task's (or environment's) generated problems."""
+    if d.task in SOURCES:
+        return SOURCES[d.task]().load(d)
+    return make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)
+
+
+__all__ = ["DataSource", "SOURCES", "check_source", "find_source_problem", "is_file_task", "load_split_problems"]

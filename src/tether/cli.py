@@ -152,7 +152,10 @@ def _fail_run(rd: Path, existed: bool, err: Exception) -> None:
 
 def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool,
                 overwrite: bool = False) -> None:
-    """Shared body of `train` and `sft`: validate, pick the run dir, run, summarise."""
+    """Shared body of `train` and `sft` over the Python API (tether.sft / tether.train): pick the
+    run dir, run, summarise."""
+    from tether.api.training import sft as run_sft, train as run_train
+
     _offline_env()
     cfg = _load(config, overrides)
     if resume and run_dir is None:
@@ -160,21 +163,11 @@ def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional
     rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
     typer.echo(f"run directory: {rd}")
     existed = rd.exists()
-    from tether.preflight import check_run_inputs
-
-    check_run_inputs(cfg, rd, kind)  # bad paths, data, tokenizer: one line before a model is built
     try:
-        if kind == "sft":
-            from tether.recipes.sft import run_sft
-
-            _, summary = run_sft(cfg, rd, resume=resume, overwrite=overwrite)
-        else:
-            from tether.recipes.rl import run_rl
-
-            summary = run_rl(cfg, rd, resume=resume, overwrite=overwrite)
+        run = (run_sft if kind == "sft" else run_train)(cfg, rd, resume=resume, overwrite=overwrite)
     except _known_errors() as err:
         _fail_run(rd, existed, err)
-    _print_summary(summary)
+    _print_summary(run.summary)
     typer.echo(f"run directory: {rd}")
 
 
@@ -256,16 +249,16 @@ def eval_cmd(
 
 
 @app.command()
-def show(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
-    """A summary of a run: config highlights, last metrics, evaluation, checkpoints."""
+def show(run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline, a sweep, ...)")) -> None:
+    """A summary of a run: kind, result model, config highlights, metrics, stages or arms, checkpoints."""
     from tether.show import render_run_summary
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: not a directory")
     try:
         typer.echo(render_run_summary(run_dir))
-    except (ValueError, FileNotFoundError) as err:
-        fail(str(err), 1)
+    except _known_errors() as err:
+        fail_on(err)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

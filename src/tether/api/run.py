@@ -98,7 +98,13 @@ class Run:
 
     @property
     def status(self) -> str:
-        return self.record.status if self.record.kind else ("complete" if self.summary else "unknown")
+        """running, complete, interrupted or failed (a run written before the record: from its summary)."""
+        if self.record.status:
+            return self.record.status
+        s = self.summary
+        if not s:
+            return "unknown"
+        return "interrupted" if s.get("interrupted") or s.get("interrupted_in") or s.get("complete") is False else "complete"
 
     @property
     def members(self) -> list["Run"]:

@@ -141,17 +141,20 @@ def _register_reports(app: typer.Typer) -> None:
 
     @app.command()
     def report(
-        run_dir: Path = typer.Argument(..., help="a run directory (or a pipeline directory with rl/ or sft/, or a tether sweep directory)"),
-        out: Optional[Path] = typer.Option(None, "--out", help="output file (default: <run>/report.html)"),
+        run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline: its stages; a sweep: its table)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="output file (default: <run>/report.html); a new file, "
+                                           "an earlier report or a run directory"),
     ) -> None:
         """One self-contained HTML report: curves, evaluation, health timeline, trajectories, config."""
-        from tether.report.html import write_report
-        from tether.report.sweep import write_sweep_report
+        from tether.api.report import report as write_any_report
+        from tether.cli import _known_errors, fail_on
 
         _check_dirs([run_dir])
-        try:  # a sweep directory (tether sweep) gets the sweep page
-            path = write_sweep_report(run_dir, out) if (run_dir / "sweep.json").exists() else write_report(run_dir, out)
-        except (FileNotFoundError, ValueError) as err:
+        try:
+            path = write_any_report(run_dir, out)
+        except _known_errors() as err:
+            fail_on(err)
+        except ValueError as err:
             _fail(str(err), 1)
         typer.echo(f"wrote {path}")
 
@@ -162,15 +165,19 @@ def _register_reports(app: typer.Typer) -> None:
         x: str = typer.Option("step", "--x", help="x axis of the curves: step | rollouts"),
         as_json: bool = typer.Option(False, "--json", help="print the table as JSON"),
     ) -> None:
-        """A table of headline numbers and overlaid curves for several runs."""
-        from tether.report.compare import format_comparison, run_compare
+        """A table of headline numbers and overlaid curves for several runs (a pipeline: its last stage)."""
+        from tether.api.report import compare as run_compare
+        from tether.cli import _known_errors, fail_on
+        from tether.report.compare import format_comparison
 
         _check_dirs(run_dirs)
         if x not in ("step", "rollouts"):
             _fail(f"--x must be step or rollouts, got {x!r}")
         try:
             rows, path = run_compare(run_dirs, out, x)
-        except (FileNotFoundError, ValueError) as err:
+        except _known_errors() as err:
+            fail_on(err)
+        except ValueError as err:
             _fail(str(err), 1)
         typer.echo(json.dumps(rows, indent=2, default=str) if as_json else format_comparison(rows))
         if path is not None and not as_json:

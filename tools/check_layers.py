@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("policy",),
     ("tasks", "data", "rewards"),
     ("envs",),
-    ("io",),
+    ("io", "runs"),
     ("health",),
     ("train", "serve"),
     ("rollout",),
@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "validate"),
     ("preflight",),
     ("recipes",),
-    ("runs", "sweep_prepare", "sweep", "report", "show", "plan"),
+    ("api", "sweep_prepare", "sweep", "report", "show", "plan"),
     ("commands",),
     ("cli", "__init__"),
 ]

@@ -10,6 +10,7 @@ fault benchmark its scores.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ CONFIG_LINES = {  # the settings `show` prints per kind: label -> dotted config 
     "distill": {"teacher": "distill.teacher", "kl_coef": "distill.kl_coef", "steps": "train.steps", "lr": "train.lr"},
     "eval": {},
 }
-CONFIG_LINES["rl_async"] = CONFIG_LINES["rl"]
+CONFIG_LINES["rl_async"] = CONFIG_LINES["rl"]  # pipelines, demos and comparisons: their RL stage's settings
 
 
 def _header(run: Run) -> list[str]:
@@ -110,8 +111,8 @@ def _members_lines(run: Run) -> list[str]:
     lines = [f"{what} ({len(members)}):"]
     for m in members:
         try:
-            res = m.result()
-            result = f"result {res.path.relative_to(m.path)}" + (" (did not finish)" if res.note else "")
+            res = m.result()  # an eval stage's result is the model it evaluated, outside its folder
+            result = f"result {os.path.relpath(res.path, m.path)}" + (" (did not finish)" if res.note else "")
         except (NoResult, NoSingleResult):
             result = "no result yet"
         value = next((m.summary[k] for k in ("final_accuracy", "final_pair_accuracy", "final_loss") if

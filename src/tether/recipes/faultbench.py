@@ -304,10 +304,15 @@ def run_cases(out: Path, cases: list[Case], args: tuple, workers: int, progress:
         return (f"alarm={rec.get('first_alarm_step')} dx={rec.get('diagnosis', [])[:1]} "
                 f"acc={rec.get('final_train_acc', float('nan')):.3f}")
 
+    from tether.runs.record import RunRecord, read_record, update_record, write_record
+
+    if read_record(out).kind is None:
+        write_record(out, RunRecord(kind="faultbench", status="running"))
     members = [Member(c.id, out / "runs" / c.id, "rl", c) for c in cases]
     plan = Plan(partial(_run_member, args), collect, describe, recorded=lambda m: earlier.get(m.name),
                 workers=max(1, workers), pool="process" if workers > 1 else "thread", resumable=False)
     outcomes = run_members(out, "faultbench", members, plan, progress)
+    update_record(out, status="complete" if all(o.ok for o in outcomes) else "failed")
     return [o.value for o in outcomes if o.ok] + errors
 
 

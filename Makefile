@@ -16,7 +16,21 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_AUTH_MODE := disabled
 
-.PHONY: demo test test-fast bench bench-quick gpu-check results install clean
+.PHONY: demo test test-fast bench bench-quick gpu-check results install clean extra-venvs
+
+# Second virtualenvs for the real ecosystem packages whose pins clash with tether's (docs/byo.md); the tests
+# talk to them over loopback. OpenEnv: openenv 0.10.0 requires gradio (its web UI, which pins pillow < 13) and
+# fastmcp; the environment server and `openenv init` import neither gradio nor anything tether's pins forbid,
+# so openenv goes in --no-deps with the modules they do import (~45 s on the build machine).
+VENV_OPENENV ?= .venv-openenv
+OPENENV_STAMP := $(VENV_OPENENV)/.tether-installed
+OPENENV_DEPS := fastapi uvicorn pydantic websockets typer rich pyyaml requests "fastmcp>=3,<4" "huggingface_hub>=1.29" \
+	tomli tomli-w "openai>=2.7.2" jsonschema packaging
+# verifiers 0.4 pins openai < 3 and mcp 2.0 (tether's environment has openai 3 and mcp 2.3): its own virtualenv,
+# with uv, which verifiers' agent harness uses to run its chat program (docs/byo.md).
+VENV_VERIFIERS ?= .venv-verifiers
+VERIFIERS_STAMP := $(VENV_VERIFIERS)/.tether-installed
+extra-venvs: $(OPENENV_STAMP) $(VERIFIERS_STAMP)
 
 install: $(STAMP)
 
@@ -31,10 +45,21 @@ $(STAMP): pyproject.toml Makefile
 	-test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)) >/dev/null 2>&1) || true
 	touch $(STAMP)
 
+$(OPENENV_STAMP): Makefile
+	test -x $(VENV_OPENENV)/bin/python || $(PYTHON) -m venv $(VENV_OPENENV)
+	$(VENV_OPENENV)/bin/python -m pip install --quiet --no-deps openenv==0.10.0
+	$(VENV_OPENENV)/bin/python -m pip install --quiet --no-warn-conflicts $(OPENENV_DEPS)
+	touch $@
+
+$(VERIFIERS_STAMP): Makefile
+	test -x $(VENV_VERIFIERS)/bin/python || $(PYTHON) -m venv $(VENV_VERIFIERS)
+	$(VENV_VERIFIERS)/bin/python -m pip install --quiet verifiers==0.4.0 uv
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/tether demo
 
-test: $(STAMP)
+test: $(STAMP) $(OPENENV_STAMP) $(VERIFIERS_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 test-fast: $(STAMP)
@@ -64,4 +89,4 @@ results:
 	$(PYTHON) tools/gen_results.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV_OPENENV) $(VENV_VERIFIERS) runs .pytest_cache

@@ -17,14 +17,13 @@ nowhere. What counts as a reference (tests/unit/test_docs_links.py runs this):
   in that file, so a renamed test does not leave its citation behind.
 Files that runs and tools write into run directories (`config.yaml`, `summary.json`, ...) never carry
 a folder that starts at the repository, so they are not references; neither are a command's output
-(`--out benchmarks/results/x.json`), a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
+(`--out benchmarks/results/x.json`), a file the results page marks "(absent)", a file in a commit (`git show 9aa2a78:benchmarks/x.py`) or a
 placeholder (`configs/NAME.yaml`). `ALLOWED` lists the few names that look like repository paths but
 are not (each with its reason).
 """
 
 from __future__ import annotations
 
-import ast
 import io
 import os
 import re
@@ -59,26 +58,30 @@ def repo_files(root: Path) -> list[str]:
 
 
 def _python_text(src: str) -> list[tuple[int, str]]:
-    """(line, text) of every comment and docstring of a Python source."""
-    out = []
+    """(line, text) of every comment and docstring (a string that is a statement of its own) of a
+    Python source, from one pass of the tokenizer."""
+    out, prev = [], tokenize.NEWLINE
+    skip = (tokenize.NL, tokenize.COMMENT)
     try:
-        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-            if tok.type == tokenize.COMMENT:
-                out.append((tok.start[0], tok.string))
-        tree = ast.parse(src)
+        toks = list(tokenize.generate_tokens(io.StringIO(src).readline))
     except (SyntaxError, tokenize.TokenError):
         return out
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                for i, line in enumerate(first.value.value.splitlines()):
-                    out.append((first.lineno + i, line))
+    for i, tok in enumerate(toks):
+        if tok.type == tokenize.COMMENT:
+            out.append((tok.start[0], tok.string))
+        elif tok.type == tokenize.STRING and prev in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            nxt = next((t for t in toks[i + 1:] if t.type not in skip), None)
+            if nxt is None or nxt.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                out += [(tok.start[0] + j, line) for j, line in enumerate(tok.string.splitlines())]
+        if tok.type not in skip:
+            prev = tok.type
     return out
 
 
 def _text_lines(path: Path) -> list[tuple[int, str]]:
     src = path.read_text(errors="replace")
+    if not PATH.search(src) and "::" not in src and "](" not in src:
+        return []  # nothing that could be a reference
     if path.suffix == ".py":
         return _python_text(src)
     if path.suffix in (".yaml", ".yml", ".toml", ".sh") or path.name == "Makefile":
@@ -173,7 +176,8 @@ class Checker:
                 bare = MD_LINK.sub("]", text) if p.suffix == ".md" else text  # link targets: checked below
                 for m in PATH.finditer(bare):
                     before = bare[:m.start(1)]
-                    if re.search(r"https?://\S*$", before) or OUTPUT_OR_COMMIT.search(before):
+                    if re.search(r"https?://\S*$", before) or OUTPUT_OR_COMMIT.search(before) \
+                            or bare[m.end(1):].startswith("` (absent)"):  # a result page's declared-absent file
                         continue
                     if not self.check_ref(m.group(1), f):
                         out.append(f"{f}:{line_no}: {m.group(1)}")

@@ -56,8 +56,8 @@ def render_entry(entry: Entry) -> tuple[str, str | None]:
     files = ", ".join(_link(rel) if (ROOT / rel).exists() else f"`{rel}` (absent)" for rel in entry.sources.values())
     foot = f"\n*Reproduce:* `{entry.command}`  \n*From:* {files}\n" if entry.sources else ""
     if missing:
-        note = ("**Not measured yet**: this section reads " + ", ".join(f"`{m}`" for m in missing)
-                + ", which is not in the repository. Run the command below and commit the result file.\n")
+        note = ("**Not measured yet**: this section reads " + ", ".join(f"`{m}` (absent)" for m in missing)
+                + ", not in the repository yet. Run the command below and commit the result file.\n")
         return head + "\n" + note + foot, None
     loaded = {name: (load_source(rel) if (ROOT / rel).exists() else None) for name, rel in entry.sources.items()}
     try:

@@ -82,6 +82,39 @@ What to read into it:
 )
 
 
+# ---- the single-turn demo ------------------------------------------------------------------------
+
+def read_reverse(d):
+    r = d["r"]
+    s = r["summary"]
+    return {"base": f3(s["baseline_accuracy"]), "final": f3(s["final_accuracy"]), "lift": pts(s["accuracy_lift"]),
+            "gb": f2(s["baseline_greedy_accuracy"]), "ga": f2(s["final_greedy_accuracy"]), "steps": s["rl_steps"],
+            "cpu_s": f"{s['cpu_seconds']:.0f}", "wall": mmss(s["wall_seconds"]), "sft_s": f"{s['sft_seconds']:.0f}",
+            "rl_s": f"{s['rl_seconds']:.0f}", "machine": cpu_of(s["precision"]), "prec": s["precision"]["precision"],
+            "la0": loadavg(r["load_average_start"]), "la1": loadavg(r["load_average_end"]), "date": r["start_utc"][:10]}
+
+
+REVERSE = Entry(
+    key="reverse", title="The single-turn demo (`tether pipeline configs/reverse.yaml`)",
+    sources={"r": R + "reverse_pipeline.json"},
+    command="tether pipeline configs/reverse.yaml run.threads=1",
+    read=read_reverse,
+    text="""
+A tiny Llama learns to reverse words: SFT on a teacher that corrupts 40% of its answers, then {steps}
+GRPO steps against the exact-match verifier, which removes the teacher's mistakes from the policy's
+own samples.
+
+| held-out sampled pass@1, SFT → RL | greedy | CPU s | wall (SFT / RL s) |
+|---|---|---|---|
+| {base} → **{final}** ({lift} points) | {gb} → {ga} | {cpu_s} | {wall} ({sft_s} / {rl_s}) |
+
+One run, one thread, {prec}, {date}, {machine}. The machine was shared with several other jobs (load
+average {la0} at the start, {la1} at the end), so the wall time is far above what an idle machine takes;
+the CPU seconds are the run's own.
+""",
+)
+
+
 # ---- the black-box agent through the endpoint -----------------------------------------------------
 
 def read_harness(d):
@@ -113,6 +146,41 @@ exact tokens it served. SFT on a weak teacher, then {steps} GRPO steps of {eps} 
 
 One seed, {date}, {cpu} with {cpus} cores, fp32; the load average went from {la0} to {la1}
 (1/5/15 min) during the run, so the wall times are upper bounds. docs/byo.md has the setup.
+""",
+)
+
+
+# ---- a Tinker script against tether serve-tinker ------------------------------------------------------
+
+def read_tinker(d):
+    t = d["t"]
+    s = t["loop_settings"]
+    return {"before": f3(t["held_out_pass1_before"]), "after": f3(t["held_out_pass1_after"]),
+            "lift": f"{t['lift_points']:+.1f}", "gb": f3(t["greedy_before"]), "ga": f3(t["greedy_after"]),
+            "loop": mmss(t["loop_wall_seconds"]), "svc_cpu": f"{t['service_cpu_seconds']:.0f}",
+            "loop_cpu": f"{t['loop_cpu_seconds']:.0f}", "batches": s["batches"], "ppb": s["problems_per_batch"],
+            "spp": s["samples_per_problem"], "rank": s["lora_rank"], "problems": t["held_out_problems"],
+            "cpus": t["cpus"], "cpu": t["cpu"].get("model", "CPU") if isinstance(t["cpu"], dict) else t["cpu"],
+            "la0": loadavg(t["load_average_at_start"]), "la1": loadavg(t["load_average_at_end"]),
+            "date": t["date_utc"][:10]}
+
+
+TINKER = Entry(
+    key="tinker", title="A Tinker RL loop against `tether serve-tinker` (docs/tinker.md)",
+    sources={"t": R + "tinker_lift.json"},
+    command="python benchmarks/tinker_lift.py",
+    read=read_tinker,
+    text="""
+tinker-cookbook's RL loop (ported as benchmarks/tinker_rl_loop.py), unchanged but for the service's
+address, trains a LoRA adapter (rank {rank}) of a tiny model on the reverse task through the `tinker`
+SDK: {batches} batches of {ppb} problems × {spp} samples, after an SFT cold start on a weak teacher.
+
+| held-out pass@1 ({problems} problems) | greedy | the loop's wall time | CPU s: service / loop |
+|---|---|---|---|
+| {before} → **{after}** ({lift} points) | {gb} → {ga} | {loop} | {svc_cpu} / {loop_cpu} |
+
+One run, {date}, {cpu} with {cpus} cores; load average {la0} at the start and {la1} at the end
+(1/5/15 min), so the wall time is an upper bound.
 """,
 )
 
@@ -398,12 +466,11 @@ NO_FILE = Entry(
     text="""
 These pages report measurements whose run summaries were not committed, so this page does not
 repeat their numbers; rerun the command and commit the summary to bring one here:
-- the single-turn demo, `tether pipeline configs/reverse.yaml` (its config's header);
 - agentic RL per environment, `tether pipeline configs/household.yaml` etc. (docs/agentic.md);
 - the asynchronous recipe's quality against the synchronous one (docs/distributed.md);
 - `make test` timings on an idle machine (the one under load is in the "make test" section).
 """,
 )
 
-ENTRIES = [DEMO, HARNESS, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
+ENTRIES = [DEMO, REVERSE, HARNESS, TINKER, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
 TAIL_ENTRIES = [NO_FILE]

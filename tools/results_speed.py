@@ -140,6 +140,47 @@ tether with its defaults is faster than TRL at TRL's best setting on both sizes,
 )
 
 
+HISTORY = ["vs_trl_2026-11-30.json", "vs_trl_2026-12-02_am.json", "vs_trl.json", "vs_trl_2026-12-03.json",
+           "vs_trl_2026-12-04.json", "seam_speed/vs_trl_small_after.json", "vs_trl_avx2_small_before_shared_prefill.json",
+           "vs_trl_avx2_2026-12-02.json"]  # every full or small-model comparison kept; add a new run's file here
+
+
+def read_history(d):
+    rows = []
+    for name in HISTORY:
+        v = d[name]
+        m, cells = v["machine"], []
+        for size in ("small", "large"):
+            r = v["sizes"].get(size)
+            best = "—" if not r or r.get("s_per_step_ratio_best") is None else f2(r["s_per_step_ratio_best"])
+            dflt = "—" if not r else f2(r["s_per_step_ratio"])
+            cells.append(f"{best} / {dflt}")
+        each = v["sizes"]["small"]["tether"].get("s_per_step_each_run") or []
+        spread = f"{min(each):.2f}-{max(each):.2f}" if each else "—"
+        rows.append([f"`{name}`", m.get("date", "—"), cpu_of(m) if m.get("cpu_class") else m.get("cpu", "—"),
+                     loadavg((m.get("load_avg_start") or [])[:1]), v["settings"]["runs"], *cells, spread])
+    return {"table": table(["file", "date", "CPU", "load at start", "runs", "small: best / defaults",
+                            "large: best / defaults", "tether defaults, small: s/step over runs"], rows)}
+
+
+HISTORY_ENTRY = Entry(
+    key="vs-trl-runs", title="Every committed run of the comparison",
+    sources={name: R + name for name in HISTORY},
+    command="python benchmarks/vs_trl.py (each file's settings.command has its exact flags)",
+    read=read_history,
+    text="""
+tether's step time over TRL's: "best" is tether at its fastest arm over TRL at its faster precision
+("—" where the run had no such arms), "defaults" is tether's defaults over TRL-best. The runs differ
+in code, in machine (two generations of one CPU class differ by about a quarter in this ratio) and in
+load, so a difference between rows is not the code's alone; the spread of tether's small-model step
+over one run's repetitions shows how noisy its machine was. The code's own effects are the paired
+A/Bs under "What each speed change measured".
+
+{table}
+""",
+)
+
+
 def read_guard(d):
     rows = [[cls, f2(b["ratio"]), f"{b['tether_s_per_step']:.2f} ({b['tether_precision']})",
              f"{b['trl_s_per_step']:.2f} ({b['trl_precision']})", b["runs"], b["date"], loadavg(b.get("load_avg"))]
@@ -252,4 +293,4 @@ install. The suite has grown since; an idle machine's timing is not committed (s
 """,
 )
 
-ENTRIES = [VS_TRL, VS_TRL_AVX2, GUARD, CHANGES, DIST, MAKE_TEST]
+ENTRIES = [VS_TRL, VS_TRL_AVX2, HISTORY_ENTRY, GUARD, CHANGES, DIST, MAKE_TEST]

@@ -1,7 +1,7 @@
 """What the hardware does natively, and the precision tether picks from it (house rule 13).
 
 bf16 autocast pays off only where the matmul units do bf16 natively. Measured on two 2-core
-CPUs of the same cloud machine class (docs/performance.md, machine.md): on an AMD EPYC with
+CPUs of the same cloud machine class (docs/performance.md): on an AMD EPYC with
 AVX-512-BF16, bf16 autocast training of the 3.2M benchmark model ran ~2.7x faster than fp32;
 on an AMD EPYC with AVX2 only it ran ~13x *slower* (22.6 s vs 1.7 s per step), because oneDNN
 emulates bf16 there with conversions around fp32 arithmetic.

@@ -1,4 +1,4 @@
-"""The one registry mechanism, used only at algorithm seams (DESIGN.md house rule 3).
+"""The one registry mechanism, used only at algorithm seams (docs/design.md, house rule 3).
 
 A lookup error lists the valid names and suggests the nearest one, so a typo in a config
 (`advantage: grpoo`) says what was meant.

@@ -7,7 +7,7 @@ that the environment appended (`observation_ids`); text is derived for display a
 re-tokenised for training. Masks are built from lengths and stop reasons (see `train/batching.py`),
 never from token values, so `pad == eos` and several eos ids are safe.
 
-Shape suffixes follow DESIGN.md: `_B` sequences, `_T` tokens, `_G` group members.
+Shape suffixes (docs/design.md, house rule 4): `_B` sequences, `_T` tokens, `_G` group members.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ def test_gpu_parts_skip_with_a_message_without_cuda(tmp_path, monkeypatch, capsy
     mod = _load()
     monkeypatch.setattr(mod, "has_cuda", lambda: False)
     out = tmp_path / "gpu_check.json"
-    assert mod.main(["--out", str(out), "--only", "extras,vllm,fsdp2"]) == 0
+    assert mod.main(["--out", str(out), "--only", "extras,vllm,fsdp2,tinker"]) == 0
     report = json.loads(out.read_text())
-    assert set(report["parts"]) == {"extras", "vllm", "fsdp2"}
+    assert set(report["parts"]) == {"extras", "vllm", "fsdp2", "tinker"}
     for part in report["parts"].values():
         assert part["status"] == "skipped" and "no CUDA device" in part["message"]
     assert report["passed"] is True
@@ -56,3 +56,15 @@ def test_fsdp2_part_passes_on_cpu_with_gloo():
     res = _load().run_fsdp2_step("cpu", "gloo")
     assert res["status"] == "pass", res
     assert res["max_weight_diff_after_update"] < 1e-5 < res["max_weight_change"]
+
+
+def test_the_tinker_part_runs_its_checks_on_a_cpu(tmp_path, monkeypatch):
+    """The GPU check's Tinker section, run unchanged but for the device: the SDK trains a LoRA and a
+    full-weight client, samples, and compares sampled log-probs with the trainer's."""
+    pytest.importorskip("tinker", reason="pip install -e '.[tinker]' (make test installs it)")
+    mod = _load()
+    monkeypatch.setattr(mod, "has_cuda", lambda: True)
+    res = mod.part_tinker(tmp_path, device="cpu")
+    assert res["status"] == "pass", res
+    for kind in ("lora", "full"):
+        assert res[kind]["losses"][-1] < res[kind]["losses"][0] and res[kind]["sample_vs_trainer_logprob_gap"] < 1e-2

@@ -1,4 +1,4 @@
-"""Algorithm library: pure tensor functions behind small registries (DESIGN.md rules 2-3).
+"""Algorithm library: pure tensor functions behind small registries (docs/design.md, house rules 2-3).
 
 Importing this package registers every estimator, loss, aggregation mode, KL estimator, IS
 correction and group filter, so `ADVANTAGES["grpo"]` etc. resolve.

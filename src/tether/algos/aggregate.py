@@ -1,7 +1,7 @@
-"""Loss aggregation: the ONE place where a per-token loss becomes a scalar (DESIGN rule 7).
+"""Loss aggregation: the ONE place where a per-token loss becomes a scalar (docs/design.md, correctness rule 7).
 
 Policy-gradient, KL and entropy terms all go through `agg_loss`, so they are normalised the same
-way (pitfalls.md item 7; trl#2995: KL normalised differently from the PG term).
+way (docs/design.md, correctness rule 7; trl#2995: KL normalised differently from the PG term).
 
 The denominators are GLOBAL: `compute_agg_norm` is called once on the whole mini-batch (the
 set of sequences that makes one optimizer step) and the same `AggNorm` is passed to every
@@ -13,8 +13,7 @@ for any split into micro-batches: gradient accumulation and micro-batch size nev
 gradient (trl#2617, verl legacy dp_actor per-micro-batch means). Under data parallelism, pass
 the all-reduced counts (sum of num_tokens / num_seqs over ranks) and divide nothing else.
 
-Modes (arXiv ids of the papers whose objective each mode reproduces; see
-reference/algorithms.md §0):
+Modes (each with the arXiv id and section of the paper whose objective it reproduces):
 
     token_mean            sum_{i,t} l m / sum_{i,t} m                DAPO arXiv 2503.14476 §3.3
     seq_mean_token_mean   (1/B) sum_i (sum_t l m / L_i)              GRPO arXiv 2402.03300 §4.1
@@ -22,7 +21,7 @@ reference/algorithms.md §0):
     constant_norm         sum_{i,t} l m / (B * L_max)                Dr. GRPO arXiv 2503.20783 §3.2
 
 Masks are applied with `torch.where`, never by multiplying alone: a NaN/inf loss at a padded
-position would otherwise give NaN (0 * inf) in the value and the gradient (pitfalls.md item 5).
+position would otherwise give NaN (0 * inf) in the value and the gradient (docs/design.md, correctness rule 5).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ class AggNorm:
 
 
 def compute_agg_norm(mask_BT: torch.Tensor, max_len: int | None = None) -> AggNorm:
-    """Global denominators of a mini-batch (DESIGN rule 7; pitfalls.md item 7).
+    """Global denominators of a mini-batch (docs/design.md, correctness rule 7).
 
     mask_BT: [B,T] loss mask of the WHOLE mini-batch (before any micro-batch split).
     max_len: L_max for `constant_norm`; pass a constant (AggConfig.max_len, default the

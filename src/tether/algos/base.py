@@ -102,7 +102,7 @@ class ISInputs:
 @dataclass(frozen=True)
 class AdvantageFacts:
     """What an advantage estimator needs and reads; the recipe and the config validator ask these
-    (DESIGN.md rule 12), never the estimator's name.
+    (docs/design.md, house rule 12), never the estimator's name.
 
     needs_critic:          a value model V(s_t) is trained alongside (values_BT)
     needs_greedy_baseline: one greedy rollout per problem gives the baseline (baseline_B)
@@ -118,7 +118,7 @@ class AdvantageFacts:
 
 @dataclass(frozen=True)
 class PolicyLossFacts:
-    """What the update may assume of a policy loss (asked instead of its name, DESIGN.md rule 12).
+    """What the update may assume of a policy loss (asked instead of its name, docs/design.md, house rule 12).
 
     zero_at_zero_advantage: every term is a multiple of the advantage, so where A = 0 the per-token
         loss and its gradient are exactly 0 (the update then runs such sequences forward only,

@@ -2,7 +2,7 @@
 
 - IS_CORRECTIONS[mode](ISInputs, ISCorrectionConfig) -> (weights_BT, metrics): truncated (TIS)
   or masked (MIS) importance weights pi_old / mu for the rollout-engine / trainer mismatch.
-- compute_mismatch_metrics: rollout/trainer log-prob gap diagnostics (pitfalls.md item 3).
+- compute_mismatch_metrics: rollout/trainer log-prob gap diagnostics (docs/design.md, correctness rule 3).
 - compute_off_policy_mask: DeepSeek-V3.2 off-policy sequence masking (arXiv 2512.02556 §3, Eq. 9).
 - GROUP_FILTERS / select_groups: DAPO dynamic sampling (arXiv 2503.14476 §3.2) on RAW outcomes.
 - compute_stop_reason_weights: compact filtering per stop reason (DeepSWE vs Golubev et al.).
@@ -92,7 +92,8 @@ def compute_is_mask(inp: ISInputs, cfg: ISCorrectionConfig) -> tuple[torch.Tenso
 def compute_mismatch_metrics(
     old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, mask_BT: torch.Tensor
 ) -> Metrics:
-    """Rollout-engine vs trainer diagnostics (verl docs/algo/rollout_corr_math.md §4; pitfalls #3).
+    """Rollout-engine vs trainer diagnostics (verl docs/algo/rollout_corr_math.md §4; docs/design.md,
+    correctness rule 3).
 
     logp_gap_mean / logp_gap_max: mean and max |log pi_old - log mu| over masked tokens.
     logp_gap_signed: mean of log mu - log pi_old (the k1 estimate of KL(mu || pi_old), >= 0 in
@@ -169,7 +170,7 @@ def select_groups(
     """Indices of the groups to train on, and metrics (DAPO arXiv 2503.14476 §3.2).
 
     With cfg.enable False every group is kept, but frac_zero_variance is still reported (a
-    step where most groups carry no signal should be visible; pitfalls.md item 8).
+    step where most groups carry no signal should be visible; docs/design.md, correctness rule 8).
     Metrics: frac_zero_variance (fraction the filter rejects), num_groups, num_kept.
     """
     verdicts = [GROUP_FILTERS[name](outcomes, cfg) for outcomes in outcomes_per_group]

@@ -13,9 +13,9 @@ joschu.net/blog/kl-approx.html), with log rho = log pi_ref - log pi_theta:
 
 Gradient caveat: with samples fixed, E[grad k3] is the gradient of the FORWARD KL(pi_ref||pi_theta),
 E[grad k2] that of KL(pi_theta||pi_ref), and k1 as a loss has zero expected gradient on-policy;
-k3_iw fixes k3's bias (pitfalls.md item 23, verl PR#2953).
+k3_iw fixes k3's bias (docs/design.md, correctness rule 23, verl PR#2953).
 
-Numerics (pitfalls.md item 5): masked positions are replaced with 0 via `torch.where` before
+Numerics (docs/design.md, correctness rule 5): masked positions are replaced with 0 via `torch.where` before
 `exp`, and the log-ratio is clamped to +-cfg.clamp (default 20) before `exp`. Where the clamp
 binds, the gradient through that term is ZERO (clamp has no gradient outside its range); verl's
 low_var_kl additionally clamps k3 to <= 10, which tether does not. kl_BT is exactly 0 off-mask.

@@ -3,7 +3,7 @@
     POLICY_LOSSES[name](PolicyLossInputs, PolicyLossConfig) -> (loss_BT, metrics)
 
 Each returns a per-token loss [B,T] (exactly 0 off-mask) that the caller aggregates with
-`agg_loss`; nothing here normalises. Numerics (pitfalls.md item 5): masked positions are replaced
+`agg_loss`; nothing here normalises. Numerics (docs/design.md, correctness rule 5): masked positions are replaced
 via `torch.where` BEFORE any `exp`, and the log-ratio is clamped to +-cfg.log_ratio_clamp before
 `exp` (the clamp zeroes the gradient where it binds, which only happens for absurd ratios).
 
@@ -17,7 +17,7 @@ clip_frac_common the share among the rest. Under ppo_clip those tokens lose thei
 cispo the same tokens keep it (only their IS weight is capped).
 
 The value loss of PPO is `compute_value_loss`; the entropy bonus has no function here: the
-caller aggregates the entropy with the same `agg_loss` as the policy loss (DESIGN rule 7).
+caller aggregates the entropy with the same `agg_loss` as the policy loss (docs/design.md, correctness rule 7).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
   with different reward scales contribute comparably (`normalize_by_task`).
 - `env`: ERPO environment-level advantage estimation (AutoForge, arXiv 2512.22857): baselines
   and scales come from all rollouts of the same environment instead of the problem's group —
-  the estimator runs with group_B := task_B. The paper's exact formula is not public (see
-  reference/algorithms.md §13); this is the reading (R_i - mean_env) / std_env for `grpo`.
+  the estimator runs with group_B := task_B. The paper's exact formula is not public; this
+  is the reading (R_i - mean_env) / std_env for `grpo`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every section is a frozen pydantic model owned by the package that reads it (`tether.section`);
 this package assembles them. Unknown keys are rejected with the nearest valid key
 suggested; combinations that would silently do nothing are rejected with the fix named
-(pitfalls.md item 21). The resolved config is written into the run directory.
+(docs/design.md, correctness rule 21). The resolved config is written into the run directory.
 
     cfg = load_config("configs/demo.yaml", ["algo.kl.coef=0.01", "train.steps=50"])
 """

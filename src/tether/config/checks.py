@@ -1,5 +1,6 @@
 """Checks across config sections, run when a config loads: combinations that would silently do
-nothing or cannot work, and the checks that ask the registries (DESIGN.md rules 3 and 12), run when a config loads.
+nothing or cannot work, and the checks that ask the registries (docs/design.md, house rules 3 and
+12).
 
 Every registry name in a config is looked up here, so a typo exits with the nearest name before
 any model is built; and the facts registered with an entry (`tether.algos.AdvantageFacts`)
@@ -16,7 +17,7 @@ from tether.tasks.sources import find_source_problem
 
 
 def find_noop_combinations(cfg: Any) -> list[str]:
-    """Flag settings that would silently do nothing or cannot work (pitfalls.md #21)."""
+    """Flag settings that would silently do nothing or cannot work (docs/design.md, correctness rule 21)."""
     out: list[str] = []
     kl, algo = cfg.algo.kl, cfg.algo
     if kl.coef > 0 and kl.reference == "none":

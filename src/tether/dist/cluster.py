@@ -1,12 +1,12 @@
 """Ray: start or join a cluster, check the request against it (preflight), place the actors.
 
 A placement group that asks for more than the cluster has makes Ray wait forever with no output
-(verl#7656, pitfalls.md item 12). The preflight compares the bundles the config asks for with
+(verl#7656, docs/design.md, correctness rule 12). The preflight compares the bundles the config asks for with
 the nodes Ray reports and fails at once with a message that names the shortfall and the fix;
 a placement group that still does not become ready in `dist.placement.timeout_s` (resources
 held by another job) fails the same way instead of hanging.
 
-A local instance follows machine.md: token auth off (RAY_AUTH_MODE=disabled), a short
+A local instance runs with token auth off (RAY_AUTH_MODE=disabled, as the Makefile sets it), a short
 `_temp_dir` of its own (unix socket paths are length-limited), no dashboard, shut down (and the
 temp dir removed) on exit.
 """

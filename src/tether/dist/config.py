@@ -125,7 +125,8 @@ def compute_correction_matches(choice: str, mode: str, delta: float | None) -> b
 
 
 def find_dist_problems(cfg: Any) -> list[str]:
-    """Combinations of `dist.*` that cannot work or would silently do nothing (pitfalls.md #15, #21)."""
+    """Combinations of `dist.*` that cannot work or would silently do nothing (docs/design.md, correctness
+    rules 15 and 21)."""
     d, out = cfg.dist, []
     stale_reasons = [r for r, on in (
         (f"dist.max_staleness={d.max_staleness}", d.max_staleness > 0),

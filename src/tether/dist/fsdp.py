@@ -9,7 +9,7 @@
     for name, tensor in iter_full_state(model): ...    # full weights, one tensor at a time (a collective)
 
 Why the update equals one process's: tether divides every micro-batch loss by its mini-batch's
-GLOBAL denominators (`agg_loss`, DESIGN rule 7), so the mini-batch gradient is the SUM of the
+GLOBAL denominators (`agg_loss`, docs/design.md, correctness rule 7), so the mini-batch gradient is the SUM of the
 micro-batch gradients wherever they ran. FSDP2's reduce-scatter AVERAGES over ranks, and gloo has
 no PREMUL_SUM for `set_gradient_divide_factor(1.0)`, so `ShardedDataParallel.reduce_grads`
 multiplies the sharded gradients by the world size before clipping (exact for a power-of-two world).

@@ -1,4 +1,4 @@
-"""Policy lag: admission control and the staleness metrics of a step (pitfalls.md item 15).
+"""Policy lag: admission control and the staleness metrics of a step (docs/design.md, correctness rule 15).
 
 Versions: the trainer's weights are version v; one update makes v + 1. The batch that the
 trainer consumes at version c is "batch c". A sample's staleness is c minus the version of the

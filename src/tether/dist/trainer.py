@@ -10,7 +10,7 @@ scheduler, reference and critic. Every update, through the hooks `run_update` ca
 - `shard`: each rank takes a disjoint share of the micro-batches (balanced by tokens);
 - `reduce_grads`: gradients are SUMMED across ranks before clipping — exact, because every
   micro-batch loss is already divided by its mini-batch's global denominators (`agg_loss`),
-  the same property that makes gradient accumulation exact (DESIGN.md rule 7);
+  the same property that makes gradient accumulation exact (docs/design.md, correctness rule 7);
 - `reduce_metrics`: the metric accumulators are merged, so rank 0 logs the whole batch.
 
 Replicas stay identical (same gradient, same optimizer step), so rank 0's weights are the

@@ -6,7 +6,7 @@ tests can run it in-process. The rollout itself is the synchronous recipe's own
 rollouts, rewards, dynamic sampling and multi-turn environments behave exactly as in `tether train`;
 the worker never imports a recipe.
 
-Weight-sync handshake (pitfalls.md item 4): `load_weights(version, arrays, checksum, probe)`
+Weight-sync handshake (docs/design.md, correctness rule 4): `load_weights(version, arrays, checksum, probe)`
 loads the arrays, recomputes the checksum from what the model now HOLDS, and only then adopts
 `version` — a mismatch leaves the worker at its old version and says so. It then scores the probe
 sequence with the rollout engine and returns those log-probs, which the trainer compares with

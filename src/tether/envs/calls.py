@@ -1,4 +1,4 @@
-"""Run environment and tool calls with a wall clock; failures are values (DESIGN.md rule 9).
+"""Run environment and tool calls with a wall clock; failures are values (docs/design.md, correctness rule 6).
 
 Environments own mutable state (a simulated world, an open MCP session), so their calls cannot
 move to a forked process the way pure reward functions do (`tether.rewards.pool`). They run on

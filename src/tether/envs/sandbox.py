@@ -1,4 +1,4 @@
-"""Run model-written Python in a sandbox; grade coding tasks by unit tests (pitfalls.md #18).
+"""Run model-written Python in a sandbox; grade coding tasks by unit tests (docs/design.md, correctness rule 18).
 
     res = run_sandboxed_python("print(sum(range(10)))", SandboxLimits(wall_seconds=5))
     res.outcome, res.stdout          # ("ok", "45\\n")
@@ -13,7 +13,7 @@ fresh files (a tmpfs `/work` under bwrap, a new host directory otherwise), a uid
 the trainer is root, and a wall clock that SIGKILLs the program — pid 1 of its namespace, whose
 death takes every descendant with it (under `rlimits`: the process group, then the uid).
 
-Failures are values (DESIGN.md rule 9): `outcome` is `ok | error | timeout | killed | denied`
+Failures are values (docs/design.md, correctness rule 6): `outcome` is `ok | error | timeout | killed | denied`
 (`timeout`: the CPU or wall clock; `killed`: another limit — memory, processes, files, disk);
 `infra_error` is set when the *sandbox* failed, not the program: mask or retry such a sample,
 never score it 0 (NeMo-Gym PR#2015). Known limit: in-process grading defeats naive tampering,

@@ -9,7 +9,7 @@ Schemas come from `transformers.utils.get_json_schema` (the same converter `appl
 (tools=[fn])` uses), so what the model is shown is what the tokenizer's template renders.
 Failures are values: a malformed call is a parse error observation, an unknown tool, bad
 arguments, a raising tool or a tool past its deadline is an error observation — each counted,
-none fatal (DESIGN.md rule 9). Tools run on daemon threads with a per-tool wall clock
+none fatal (docs/design.md, correctness rule 6). Tools run on daemon threads with a per-tool wall clock
 (`tether.envs.calls`); use the sandbox for code that must be killable.
 """
 

@@ -15,9 +15,13 @@ Two ways to play an episode, chosen by what the object is:
   rollout, and its rubric scores the episode (`state["reward"]`). tether trains on the tokens
   its endpoint sampled (exact capture: the agent harness, `tether.rollout.harness`, with the
   environment as an in-process agent; `harness.concurrency` episodes at once). That rollout
-  half lives in `tether.rollout.verifiers`. Tested against
-  verifiers 0.3.1. verifiers 0.4 replaced this stack by `verifiers.v1` (tasksets and harnesses,
-  no `Environment` / `Rubric`), which this adapter does not cover.
+  half lives in `tether.rollout.verifiers`. Tested against verifiers 0.3.1.
+- **a verifiers 0.4 taskset** (`verifiers.v1`: tasksets and harnesses, no `Environment` /
+  `Rubric`; `data.task_kwargs.python` names the interpreter of the virtualenv that has verifiers
+  0.4, `pythonpath` where the taskset's module is): verifiers 0.4 pins openai < 3 and mcp 2.0, so it
+  never runs in tether's process. `vf1_driver.py`, run by that interpreter, lists the taskset's
+  tasks here and plays each episode with verifiers' own environment, harness and interception
+  proxy against tether's endpoint (`tether.rollout.verifiers.play_verifiers_v1_episode`).
 - **any other object with the classic interface** (duck-typed; no verifiers import): tether
   samples the turns itself (token in / token out, `tether.rollout.runner`): `dataset` rows with
   `prompt` (chat messages) or `question` (`system_prompt` is prepended), `answer`, `info`, `task`;
@@ -36,7 +40,10 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import random
+import subprocess
+from pathlib import Path
 from typing import Any, Mapping
 
 from tether.errors import InputError
@@ -139,8 +146,50 @@ class VerifiersEnv:
         return total
 
 
+V1_DRIVER = Path(__file__).with_name("vf1_driver.py")
+
+
+def driver_env(kw: Mapping[str, Any]) -> dict[str, str]:
+    """The environment of a vf1_driver process: PYTHONPATH gains `data.task_kwargs.pythonpath`
+    (where the taskset's module lives)."""
+    env = dict(os.environ)
+    extra = kw.get("pythonpath")
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def _list_v1(python: str, ref: str, args_json: str, pythonpath: str | None) -> tuple[dict[str, Any], ...]:
+    if not Path(python).is_file():
+        raise InputError(f"data.task_kwargs.python={python!r}: no such interpreter (the virtualenv with verifiers 0.4; "
+                         "`make test` builds .venv-verifiers)")
+    proc = subprocess.run([python, str(V1_DRIVER), "list", ref, args_json], capture_output=True, text=True,
+                          env=driver_env({"pythonpath": pythonpath}), timeout=600)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InputError(f"data.task_kwargs.env={ref!r}: verifiers 0.4 cannot load the taskset ({last[:300]})")
+    return tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _make_v1_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
+    """A task of a verifiers 0.4 taskset, listed by vf1_driver.py in the other virtualenv."""
+    if not kw.get("env"):
+        raise InputError("data.task=verifiers needs data.task_kwargs.env (a verifiers 0.4 taskset id)")
+    args = dict(kw.get("args") or {})
+    tasks = _list_v1(str(kw["python"]), str(kw["env"]), json.dumps(args, sort_keys=True), kw.get("pythonpath"))
+    if not tasks:
+        raise InputError(f"verifiers taskset {kw['env']!r} has no tasks")
+    k = rng.randrange(len(tasks))
+    return {"id": f"vf-{i}", "prompt": tasks[k]["prompt"], "answer": "", "row": k, "env": "verifiers",
+            "vf_env": kw["env"], "vf_args": args, "vf_python": str(kw["python"]), "vf_pythonpath": kw.get("pythonpath")}
+
+
 def make_verifiers_task(rng: random.Random, i: int, kw: dict[str, Any]) -> dict[str, Any]:
-    """A row of the environment's dataset, drawn with `rng` (train and held-out draws differ)."""
+    """A row of the environment's dataset, drawn with `rng` (train and held-out draws differ); a
+    task of a verifiers 0.4 taskset when `data.task_kwargs.python` names the virtualenv that has it."""
+    if kw.get("python"):
+        return _make_v1_task(rng, i, kw)
     env = load_verifiers_env(kw.get("env"), kw.get("args"))
     split = kw.get("split", "dataset")
     rows = getattr(env, split, None)

@@ -4,7 +4,7 @@ All estimators take the n samples drawn for ONE problem and return the expected 
 metric for a uniformly random size-k subset of them (drawn without replacement), i.e. the
 quantity that drawing only k samples would estimate, with the variance of using all n.
 Bootstrapping subsets *with* replacement is biased low (verl PR#7240: best@4 came out 0.684
-instead of 1.0 when 1 of 4 samples was correct and best-scored; pitfalls.md item 24).
+instead of 1.0 when 1 of 4 samples was correct and best-scored; docs/design.md, correctness rule 24).
 
     pass_at_k(n=5, c=2, k=2)                      # 0.7
     mean_pass_at_k([(5, 2), (5, 0)], k=2)         # 0.35

@@ -3,7 +3,7 @@
 Every threshold is relative to the run's own baseline window (`History.baseline`: the median and
 a robust scale of the first healthy steps), except where a value is an invariant of a correct
 run (a non-finite loss, samples of one group that saw different prompts, a rollout older than the
-allowed staleness) or a literal "no signal" condition (pitfalls.md #8: every group zero-variance,
+allowed staleness) or a literal "no signal" condition (docs/design.md, correctness rule 8: every group zero-variance,
 every response truncated, a zero gradient).
 
 A detector's `evaluate` says whether the current step is anomalous (1) or extreme (2) and why;
@@ -283,7 +283,7 @@ class EntropyExplosionDetector(Detector):
 @register_detector
 class NoSignalDetector(Detector):
     """Steps without learning signal: (almost) every group has zero reward variance, every
-    response is truncated, or the gradient is zero (pitfalls.md #8)."""
+    response is truncated, or the gradient is zero (docs/design.md, correctness rule 8)."""
 
     name, mode, needs_baseline = "no_signal", "no_signal", False
     defaults = {"zero_var": 0.9, "truncated": 0.95, "grad": 1e-10}

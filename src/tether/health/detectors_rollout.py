@@ -211,7 +211,7 @@ class StaleWeightsDetector(Detector):
 @register_detector
 class LogpGapDetector(Detector):
     """Rollout vs trainer log-probs drifting apart (|dlogp| mean, k3 KL, ESS) relative to the
-    baseline mismatch (pitfalls.md #3, #4)."""
+    baseline mismatch (docs/design.md, correctness rules 3 and 4)."""
 
     name, mode = "logp_gap", "rollout_mismatch"
     defaults = {"factor": 10.0, "z": 10.0, "floor": 2e-3, "ess_drop": 0.15}

@@ -33,7 +33,7 @@ what a correct implementation guarantees, whatever the model, task or hardware:
   (unless the data holds fewer than two steps of problems).
 - `loss_mask`: the loss mask is built from lengths and stop reasons, so it covers exactly the
   sampled tokens (all of them, or those of samples whose reward is valid); a mask built from
-  token values (pad == eos masks every EOS, pitfalls.md #10) or misaligned after a re-tokenisation
+  token values (pad == eos masks every EOS, docs/design.md, correctness rule 10) or misaligned after a re-tokenisation
   (#2) covers fewer or more.
 - `reward_linkage`: a reward that contains the correctness check pays verified-correct samples
   at least as much as incorrect ones (AUC >= 0.5), and tracks its OWN sample's verdict better

@@ -5,7 +5,7 @@ findings it explains (a negative weight is evidence against it). A hypothesis sc
 signatures present, where the earliest-firing signatures count 1.5x (a root cause shows first;
 its consequences - a falling accuracy, a grad spike - follow; one step later counts 1.2x). Ranked by score; `confidence` is the
 score's share of all scores. The fingerprints encode how each failure shows in telemetry
-(algorithms.md Part B, pitfalls.md #3-#8, #12, #16, #17); faultbench measures how often the top
+(docs/health/README.md; docs/design.md, correctness rules 3-8, 12, 16 and 17); faultbench measures how often the top
 hypothesis is the injected cause. When no fingerprint explains the findings, or the two best
 explain them about equally (top confidence < 0.3 and a second within 80% of its score), the first
 hypothesis is `unknown` with the evidence: auto mode then never acts on a guess (it halts once

@@ -1,4 +1,4 @@
-"""Atomic, resumable checkpoints that are also Hugging Face exports (pitfalls.md item 14).
+"""Atomic, resumable checkpoints that are also Hugging Face exports (docs/design.md, correctness rule 14).
 
 One checkpoint is one directory ``<run>/checkpoints/step_000010/``::
 

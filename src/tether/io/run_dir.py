@@ -1,6 +1,6 @@
 """The run directory: the on-disk contract between a run, its report and external tools.
 
-Layout (DESIGN.md, "Run directory")::
+Layout (docs/resume.md)::
 
     runs/<name>/
       config.yaml                  resolved config (after overrides), written once at start
@@ -13,7 +13,7 @@ Layout (DESIGN.md, "Run directory")::
       plots/                       PNGs (plots.py)
       tb/                          TensorBoard event files (sinks.py)
 
-Why the care with I/O (pitfalls.md items 14 and 20):
+Why the care with I/O (docs/design.md, correctness rules 14 and 20):
 
 * `metrics.jsonl` is appended, flushed and fsynced per step, so a crash loses at most the row
   being written; the reader skips such a truncated last line with a warning.
@@ -125,7 +125,7 @@ class RunDir:
 
         Never overwrites: when the file exists (a resumed run re-doing a step, or a second
         eval at the same step) the new file gets a `-1`, `-2`, ... suffix. Use `kind="eval"`
-        for evaluation samples (pitfalls.md item 20: eval samples are kept, not thrown away).
+        for evaluation samples (docs/design.md, correctness rule 20: eval samples are kept, not thrown away).
         """
         if not kind or "/" in kind or kind.startswith("."):
             raise ValueError(f"write_samples: kind must be a plain file-name prefix, got {kind!r}")

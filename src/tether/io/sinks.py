@@ -1,6 +1,6 @@
 """Metric sinks: where a step's metrics go (metrics.jsonl always; TensorBoard, W&B, MLflow opt-in).
 
-`metrics.jsonl` is the contract (DESIGN.md); the other sinks are views of it. Logging must never
+`metrics.jsonl` is the contract (docs/metrics.md); the other sinks are views of it. Logging must never
 kill a run: a sink that raises inside `log` is disabled by `MultiSink` with one warning that
 names it, and the run continues with the remaining sinks. W&B and MLflow are optional extras,
 imported lazily; a missing package fails at construction with the `pip install` line to run.

@@ -1,6 +1,6 @@
-"""Chat templating and token-in/token-out context assembly (pitfalls.md items 1, 2, 11).
+"""Chat templating and token-in/token-out context assembly (docs/design.md, correctness rules 1, 2 and 11).
 
-Token ids are the only truth (DESIGN.md rule 5). A multi-turn context is assembled from
+Token ids are the only truth (docs/design.md, correctness rule 1). A multi-turn context is assembled from
 *segments*: the ids an assistant sampled are spliced in verbatim, and only the text the chat
 template puts *between* them (system/user/tool messages, role headers, the generation prompt)
 is tokenised. A sampled id sequence therefore never goes through decode -> encode, so a string

@@ -2,7 +2,7 @@
 
 On a CPU, one decode step of a small model through transformers' modules costs ~400 aten calls
 (mask construction, rotary tables, cache objects, module hooks) around a few small matmuls; the
-calls, not the FLOPs, set the speed (machine.md: 10-25 ms per step). `LeanDecoder` runs the same
+calls, not the FLOPs, set the speed (docs/performance.md, "The sampler"). `LeanDecoder` runs the same
 math with the model's own weights in about a third of the calls:
 
 - q/k/v and gate/up projections fused into one matmul each (weights concatenated once per

@@ -316,7 +316,7 @@ class LeanShared:
             # whether `x` requires grad), and a second, no-grad graph for the zero-advantage rows of
             # `train.skip_zero_advantage` or the scoring passes cost 15 s of compilation on its first
             # call (small benchmark model, bf16, 2-core CPU, empty inductor cache), no faster per
-            # call (benchmarks/zero_adv_skip.py --first-step; results/zero_adv_first_step.json).
+            # call (benchmarks/archive/zero_adv_skip.py --first-step; benchmarks/results/zero_adv_first_step.json).
             # The activations the grad graph keeps are freed with its detached output.
             with torch.enable_grad():
                 return self._forward(layout).detach()

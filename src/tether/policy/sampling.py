@@ -172,7 +172,10 @@ def _sample_inverse_cdf(logp_BV: torch.Tensor, generator: torch.Generator | None
     entry (the largest per-token sampling cost on CPU); float64 so that rounding never selects a
     zero-probability (filtered) token."""
     cdf = logp_BV.double().exp().cumsum(-1)
-    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    # the uniforms come from the generator's own device (a run's generator is a CPU one: the same draws on a
+    # CPU and a GPU run); drawing them on cdf.device with a CPU generator fails on cuda (gpu-check, 2026-12-04)
+    where = generator.device if generator is not None else cdf.device
+    u = torch.rand((cdf.shape[0], 1), generator=generator, dtype=torch.float64, device=where).to(cdf.device) * cdf[:, -1:]
     tok = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return torch.where(tok < cdf.shape[-1], tok, logp_BV.argmax(-1))  # u rounded up to the total: the mode
 

@@ -2,9 +2,9 @@
 
 Imported lazily — only a rollout worker with `dist.backend=vllm` imports this module's engine
 code, and `vllm` itself is imported inside the functions that need it, so nothing on the CPU
-path ever touches it (vLLM wheels are CUDA builds; machine.md).
+path ever touches it (vLLM's wheels are CUDA builds).
 
-The sampler must sample from exactly the distribution the trainer scores (pitfalls.md item 3,
+The sampler must sample from exactly the distribution the trainer scores (docs/design.md, correctness rule 3,
 Golubev et al.: sampling filters silently enabled in the engine broke the importance ratios):
 - `generation_config="vllm"`: the model's generation_config.json (top_k=50, top_p=0.8, ...)
   never becomes a default;
@@ -60,7 +60,7 @@ def compute_sampling_kwargs(sampling: Any, stop_ids: Sequence[int], max_tokens: 
         "seed": seed,
         "logprobs": 0,  # the sampled token's log-prob only
         "stop_token_ids": list(stop_ids),
-        "detokenize": False,  # token ids are the only truth (DESIGN rule 5)
+        "detokenize": False,  # token ids are the only truth (docs/design.md, correctness rule 1)
         "skip_special_tokens": False,
     }
 
@@ -82,7 +82,7 @@ def check_sampling_params(params: Any, expected: Mapping[str, Any]) -> None:
             bad.append(f"{k}={got!r} (tether needs {want!r})")
     if bad:
         raise RuntimeError("vLLM SamplingParams differ from the trainer's sampling settings: " + ", ".join(bad)
-                           + " — the importance ratios would be wrong (pitfalls.md item 3)")
+                           + " — the importance ratios would be wrong (docs/design.md, correctness rule 3)")
 
 
 def compute_expected_sample_logprob(raw_logprobs_V: torch.Tensor, token: int, sampling: Any) -> float:

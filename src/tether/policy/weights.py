@@ -1,12 +1,12 @@
 """Weights on the move: numpy state dicts, checksums, and the model bundle a worker starts from.
 
-Weights travel as numpy arrays through the Ray object store (zero-copy, 0.6-1.6 GB/s here;
-pickled torch tensors manage 100-240 MB/s — machine.md). numpy has no bfloat16, so a bf16
+Weights travel as numpy arrays through the Ray object store (zero-copy; pickled torch
+tensors were several times slower when this was chosen). numpy has no bfloat16, so a bf16
 tensor travels as its int16 bit pattern and is viewed back on arrival (bit-exact).
 
 The checksum is a sha256 over names, dtypes, shapes and bytes in sorted-name order: the
 receiver recomputes it from what its model holds AFTER loading, so a dropped, stale or
-corrupted tensor changes it (pitfalls.md item 4: verl#7495, trl#5312, SkyRL#1680).
+corrupted tensor changes it (docs/design.md, correctness rule 4: verl#7495, trl#5312, SkyRL#1680).
 """
 
 from __future__ import annotations

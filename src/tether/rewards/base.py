@@ -5,13 +5,13 @@ A reward function scores one completion:
     fn(text: str, task: Mapping[str, Any], **kwargs) -> float | dict[str, float] | None
 
 - `text` is the completion decoded from the sampled ids and cut at the stop token by the caller
-  (pitfalls.md #16: nothing after EOS is ever scored).
+  (docs/design.md, correctness rule 16: nothing after EOS is ever scored).
 - `task` is the problem record; it has at least "prompt" and "answer".
 - `kwargs` come from `reward.components[i].kwargs` in the config.
 - A float is the component's raw value. A dict must hold a numeric "score" (the value) and may
   hold further numeric diagnostics, logged as `<component>/<key>`.
 - Raising `RewardTimeout` reports a time-out detected by the function itself (math-verify's
-  internal alarm); any other exception is an ERROR outcome, never a silent 0 (pitfalls.md #6).
+  internal alarm); any other exception is an ERROR outcome, never a silent 0 (docs/design.md, correctness rule 6).
 - A function may carry a `prepare()` attribute: it is called once in the parent before the
   worker processes fork, so heavy imports (sympy) are paid once and shared copy-on-write.
 

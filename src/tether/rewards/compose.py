@@ -4,7 +4,7 @@
     result = compute_reward_result(spec, calls, on_error="mask")
 
 `RewardResult.components` holds every component's *raw* (unweighted) value, so each one is
-logged on its own (pitfalls.md #16, #20: a format reward that is being hacked shows up as its
+logged on its own (docs/design.md, correctness rules 16 and 20: a format reward that is being hacked shows up as its
 own curve, not hidden in the total). `correct` is the verified correctness — the correctness
 component (`reward.correctness`, default the first) is > 0 — tracked apart from the total, so
 shaping terms never inflate the reported accuracy.

@@ -4,7 +4,7 @@ The format reward is DeepSeek-R1's (arXiv:2501.12948, §2.2.2: reasoning in `<th
 in `<answer>`); the length penalty is a plain linear one on the text, not Kimi k1.5's
 group-relative length reward (arXiv:2501.12599, §2.3.3; see `algos/shaping.py`).
 
-Format rewards are the easiest rewards to hack (pitfalls.md #16): `<think></think>a` scored 1.0
+Format rewards are the easiest rewards to hack (docs/design.md, correctness rule 16): `<think></think>a` scored 1.0
 in Soup#814, several answer blocks passed open-r1's check (PR#418), and a regex without DOTALL
 scored every multi-line completion 0 (unsloth#1761). `check_format` therefore counts the tags
 instead of trusting one permissive regex, and its probes are pinned in the tests. Score these

@@ -5,7 +5,7 @@
 
 Every (completion, component) pair is one call. A call that raises is ERROR (message kept,
 truncated), one that runs past `reward.timeout_s` is TIMEOUT, one that returns None / NaN / inf /
-a non-number is INVALID. One bad sample never changes the others (pitfalls.md #6), and a
+a non-number is INVALID. One bad sample never changes the others (docs/design.md, correctness rule 6), and a
 *systematic* failure — more than `reward.max_error_rate` of the samples failed — raises
 `RewardFailure` naming the component and its first error, so the caller can stop the run with
 the cause instead of training on zeros.

@@ -1,6 +1,6 @@
 """A small pool of persistent, forked worker processes that run reward calls with a wall clock.
 
-Why processes, and why this shape (pitfalls.md #6, #12, #18):
+Why processes, and why this shape (docs/design.md, correctness rules 6, 12 and 18):
 - A hung reward (an infinite loop in C, a stuck sandbox) cannot be interrupted inside the
   process that runs it; it can only be killed. Each call has a deadline; past it the worker gets
   SIGKILL, the call is tagged TIMEOUT and a fresh worker takes its slot (AReaL PR#1426: a hung

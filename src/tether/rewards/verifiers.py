@@ -6,7 +6,7 @@ extracted under a fixed convention and checked, with no learned reward model to 
 Each follows the protocol in `rewards/base.py`: `fn(text, task, **kwargs) -> float`, returning 1.0
 for a verified-correct answer and 0.0 otherwise. A *broken* check (unparseable gold answer,
 math-verify raising) raises, so the isolation layer tags it ERROR instead of scoring a silent 0
-(pitfalls.md #6, verl PR#5635).
+(docs/design.md, correctness rule 6, verl PR#5635).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ that is the answer. An answer is scored by the run's reward (`reward.components`
 problem. The trajectory is the episode's completions as tether sampled them (token ids and
 log-probs; `tether.serve.endpoint`), so the agent never needs to return tokens. A program that exits
 non-zero, prints nothing, makes no call or runs past `harness.timeout_s` is an error outcome:
-counted and masked out of the update (DESIGN.md rule 9).
+counted and masked out of the update (docs/design.md, correctness rule 6).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each problem is played by n fresh single-use environments. Every turn, the conte
 episodes are generated in one `run_generate` call (one batch per turn, as rollout/single.py batches a
 single-turn step); environment steps then run concurrently, each with a wall clock.
 
-Token in, token out (pitfalls.md 1, 2): a `Turn` stores the context ids the model saw (built
+Token in, token out (docs/design.md, correctness rules 1 and 2): a `Turn` stores the context ids the model saw (built
 by the context builder, `tether.envs.context`, with sampled ids spliced verbatim by
 `tether.policy.chat`), the sampled ids and their log-probs. Whenever the builder kept every
 earlier message (always for `append`), the new context must extend the previous context +

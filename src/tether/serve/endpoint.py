@@ -46,12 +46,13 @@ from tether.policy.config import SamplingConfig
 from tether.envs.tools import parse_tool_calls
 from tether.policy.chat import Message, compute_context_ids
 from tether.policy.hf import HFPolicy, run_generate
+from tether.serve.sse import completion_events
 from tether.types import Sample, StopReason, Turn
 
 try:  # the optional `serve` extra; module level, so FastAPI can resolve the handlers' annotations
     from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 except ImportError:  # pragma: no cover - reported when a server is built
     FastAPI = None  # type: ignore[assignment,misc]
 
@@ -296,7 +297,11 @@ class RolloutServer:
                 if int(body.get("n") or 1) != 1:
                     raise ValueError("n must be 1: send one request per sample (they are batched)")
                 episode = episode or request.headers.get("x-tether-episode")
-                return JSONResponse(await run_in_threadpool(fn, body, episode))
+                result = await run_in_threadpool(fn, body, episode)
+                if body.get("stream"):  # the finished completion as OpenAI's server-sent events (tether.serve.sse)
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    return StreamingResponse(completion_events(result, usage), media_type="text/event-stream")
+                return JSONResponse(result)
             except (ValueError, TypeError, KeyError) as err:
                 return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "type": "invalid_request"}}, 400)
 

@@ -21,11 +21,12 @@ rounding reaches 1.4e-6 (and 5.8e-6 with prefix sharing and packing on).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-import tinker
-from tinker import types
+tinker = pytest.importorskip("tinker", reason="pip install -e '.[tinker]' (make test installs it)")
+from tinker import types  # noqa: E402
 
 LR, CLIP = 1e-4, 1.0  # reverse.yaml's RL learning rate (see the module docstring for why it matters)
 

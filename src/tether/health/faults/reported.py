@@ -1,4 +1,5 @@
-"""Faults modelled on bugs that users of peer frameworks reported (docs/shared pitfalls list):
+"""Faults modelled on bugs that users of peer frameworks reported (docs/design.md, "Correctness rules
+the code relies on"):
 written against the public fault API only (seams, `view`, `base`, `start_step`), so they double
 as examples of faults a user can write in one file.
 

@@ -2,7 +2,7 @@
 
 Reward faults corrupt the *training* reward; the verified correctness (`RewardResult.correct`,
 from the correctness component) stays the ground truth, as it does when a run has an independent
-checker or held-out evaluation (seeds-digest row 21: high reward is not high accuracy).
+checker or held-out evaluation (a high reward is not a high accuracy).
 """
 
 from __future__ import annotations

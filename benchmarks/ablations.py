@@ -50,7 +50,7 @@ def _batch(model_dir: Path, threads: int):
     from tether.recipes.rl import build_train_batch
     from tether.settings import RunSettings
     from tether.train.state import build_rl_state
-    from tether.rollout import collect_groups
+    from tether.recipes.rl import collect_train_groups
 
     cfg = load_cfg(base_spec("tether", model_dir, "fp32", threads, 0))
     seed_everything(0, False, threads)
@@ -58,7 +58,7 @@ def _batch(model_dir: Path, threads: int):
     policy = load_policy(str(model_dir))
     policy.model.train()
     st = build_rl_state(RunSettings(cfg), policy, train)
-    groups, _ = collect_groups(st, cfg)
+    groups, _ = collect_train_groups(st, cfg)
     batch, _ = build_train_batch(st, cfg, groups)
     prompts = [list(t.turns[0].context_ids) for g in groups for t in g.trajectories]
     return policy, batch, prompts, cfg

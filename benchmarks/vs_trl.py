@@ -93,14 +93,15 @@ def build_model_dir(size: str, out: Path) -> Path:
     """The reverse demo's byte-level tokenizer (trained on the reverse task) + a tiny Llama of `size`."""
     from tether.config import TinyModelConfig
     from tether.policy.tiny import build_tiny_model, build_tokenizer
-    from tether.train.setup import setup_problems, tokenizer_corpus
+    from tether.train.setup import setup_problems
+    from tether.rollout import compute_tokenizer_corpus
 
     from bench_workers import load_cfg
 
     h, layers, heads, inter = SIZES[size]
     cfg = load_cfg(base_spec("tether", out, "fp32", 1, 0))
     train, _ = setup_problems(cfg.data)
-    tok = build_tokenizer(tokenizer_corpus(cfg.data, train), 256)
+    tok = build_tokenizer(compute_tokenizer_corpus(cfg.data.task, train), 256)
     tiny = TinyModelConfig(hidden_size=h, num_layers=layers, num_heads=heads, intermediate_size=inter, vocab_size=256)
     build_tiny_model(tiny, tok, out, seed=0)
     return out

@@ -33,7 +33,7 @@ def main(argv=None) -> dict:
 
     import tether
     from demo_update_ab import demo_state
-    from tether.rollout import collect_groups
+    from tether.recipes.rl import collect_train_groups
 
     cfg, _, _, st = demo_state(args.model, 1)
     times = []
@@ -41,7 +41,7 @@ def main(argv=None) -> dict:
         s = copy.deepcopy(st)
         torch.manual_seed(0)
         random.seed(0)
-        _, m = collect_groups(s, cfg)
+        _, m = collect_train_groups(s, cfg)
         times.append(m["time/generate"])
     out = {"label": args.label, "tether": str(Path(tether.__file__).parent), "generate_s": times[1:],
            "median_s": statistics.median(times[1:])}

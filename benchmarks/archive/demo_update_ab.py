@@ -52,7 +52,7 @@ def main(argv=None) -> dict:
     from tether.recipes.rl import build_train_batch
     from tether.settings import RunSettings
     from tether.train.state import build_rl_state
-    from tether.rollout import collect_groups
+    from tether.recipes.rl import collect_train_groups
     from vs_trl import machine_description
 
     t0 = time.time()
@@ -60,7 +60,7 @@ def main(argv=None) -> dict:
 
     before, after = _settings(args.change)
 
-    groups, _ = collect_groups(st, cfg)
+    groups, _ = collect_train_groups(st, cfg)
     batch, _ = build_train_batch(st, cfg, groups)
     if args.vocab:
         policy.model.resize_token_embeddings(args.vocab, mean_resizing=False)

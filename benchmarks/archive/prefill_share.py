@@ -33,7 +33,7 @@ def main(argv=None) -> dict:
 
     import tether.policy.sampling as sampling
     from demo_update_ab import demo_state
-    from tether.rollout import collect_groups
+    from tether.recipes.rl import collect_train_groups
     from vs_trl import machine_description
 
     t0 = time.time()
@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
     try:
         for i in range(args.steps):
             acc.update(prefill_s=0.0, calls=0, rows=0, positions=0, tokens=0)
-            _, m = collect_groups(st, cfg)
+            _, m = collect_train_groups(st, cfg)
             rec = dict(acc, generate_s=m["time/generate"], gen_tokens=m.get("rollout/gen_tokens"))
             rec["prefill_share"] = rec["prefill_s"] / rec["generate_s"]
             steps.append(rec)

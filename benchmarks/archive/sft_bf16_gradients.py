@@ -65,6 +65,7 @@ def main(argv=None) -> dict:
     from tether.hardware import cpu_info
     from tether.optim import build_optimizer, build_scheduler
     from tether.train.setup import seed_run, setup_policy, setup_problems
+    from tether.rollout import compute_tokenizer_corpus
     from tether.rollout import make_rollout
     from tether.train.update import UpdateState
 
@@ -72,7 +73,7 @@ def main(argv=None) -> dict:
     cfg = load_config(DEMO, ["model.autocast_bf16=false"])  # fp32 for the pre-training
     seed_run(cfg.run)
     train, _ = setup_problems(cfg.data)
-    policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, tempfile.mkdtemp(), train)
+    policy = setup_policy(cfg.model, cfg.run.seed, tempfile.mkdtemp(), lambda: compute_tokenizer_corpus(cfg.data.task, train))
     records = make_rollout(cfg).build_demo_records(policy, train, cfg)
     opt = build_optimizer(policy.model.parameters(), cfg.sft.lr, cfg.sft.weight_decay)
     sched = build_scheduler(opt, cfg.sft.steps, cfg.sft.warmup_steps, "cosine")

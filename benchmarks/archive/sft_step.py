@@ -36,6 +36,7 @@ def main(argv=None) -> dict:
 
     from tether.config import load_config
     from tether.train.setup import precision_summary, seed_run, setup_policy, setup_problems
+    from tether.rollout import compute_tokenizer_corpus
     from tether.recipes.demo import demo_config_path
     from tether.recipes.sft import _sft_step, build_demo_records
     from tether.optim import build_optimizer, build_scheduler
@@ -47,7 +48,7 @@ def main(argv=None) -> dict:
     seed_run(cfg.run)
     train, _ = setup_problems(cfg.data)
     with tempfile.TemporaryDirectory() as tmp:
-        policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, Path(tmp), train)
+        policy = setup_policy(cfg.model, cfg.run.seed, Path(tmp), lambda: compute_tokenizer_corpus(cfg.data.task, train))
     records = build_demo_records(policy, cfg, train)
     policy.model.train()
     opt = build_optimizer(policy.model.parameters(), cfg.sft.lr, cfg.sft.weight_decay)

@@ -14,178 +14,40 @@ fit, report, compare) register themselves from `tether.commands.*` modules.
 
 from __future__ import annotations
 
-import errno
 import importlib
-import json
-import os
 import pkgutil
-import shutil
 import sys
-import time
-import warnings
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import typer
-from typer.core import TyperGroup
-from typer.exceptions import TyperException
 
-DEBUG = False  # --debug: errors propagate with their traceback instead of one line
-# An OSError with one of these errnos is the user's environment (path, permissions, disk), not a bug.
-USER_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
-               errno.ENOENT, errno.EDQUOT, errno.ENAMETOOLONG}
+from tether.commands.common import (
+    CONFIG_ARG, OVERRIDES_ARG, OVERWRITE_OPT, RESUME_OPT, RUN_DIR_OPT, STEP_OPT, OneLineErrors, default_run_dir, fail,
+    fail_on, fail_run, known_errors, note, offline_env, print_summary, run_in_dir, start_command,
+)
 
-
-def describe_error(err: BaseException) -> tuple[str, int]:
-    """(one-line message, exit code): 2 for input the user can fix, 1 for a failed run or a bug."""
-    from tether.errors import UserError
-
-    one_line = " ".join(str(err).split())
-    if isinstance(err, UserError):
-        return one_line, 2
-    if isinstance(err, OSError) and err.errno is None:  # raised with a message of ours, e.g. FileNotFoundError(path)
-        return one_line, 2 if isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                                                PermissionError, FileExistsError)) else 1
-    if isinstance(err, OSError):
-        name = errno.errorcode.get(err.errno, str(err.errno))
-        where = " -> ".join(str(f) for f in (err.filename, err.filename2) if f) or "a file"
-        fix = {errno.ENOSPC: "free disk space or choose another --run-dir", errno.EDQUOT: "free disk space",
-               errno.EROFS: "choose a --run-dir on a writable file system"}.get(err.errno, "check the path")
-        return f"cannot use {where}: {err.strerror} ({name}); {fix}", 2 if err.errno in USER_ERRNOS else 1
-    if isinstance(err, UnicodeDecodeError):
-        return f"a file is not UTF-8 text ({err}); save it as UTF-8", 2
-    if isinstance(err, _run_failures()):
-        return one_line, 1
-    return f"{type(err).__name__}: {one_line} (an internal error; rerun with --debug for the traceback)", 1
-
-
-class _OneLineErrors(TyperGroup):
-    """Every exception a command lets through becomes one line on stderr (see `describe_error`)."""
-
-    def invoke(self, ctx: Any) -> Any:
-        global DEBUG
-        DEBUG, formatwarning = bool(ctx.params.get("debug")), warnings.formatwarning
-        if not DEBUG:  # warnings as one line each, not "file:line: UserWarning" plus a source line
-            warnings.formatwarning = lambda msg, *_a, **_k: f"tether: warning: {msg}\n"
-        try:
-            return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, TyperException):  # usage errors and exits of our own
-            raise
-        except Exception as err:
-            if DEBUG:
-                raise
-            message, code = describe_error(err)
-            typer.echo(f"tether: error: {message}", err=True)
-            raise typer.Exit(code) from None
-        finally:
-            DEBUG, warnings.formatwarning = False, formatwarning
-
-
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tether: reinforcement fine-tuning of LLMs and LLM agents.")
 
 
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="show the full traceback of an error")) -> None:
-    """tether: reinforcement fine-tuning of LLMs and LLM agents."""  # --debug is read by _OneLineErrors.invoke
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print a one-line error and exit (2 = invalid use)."""
-    typer.echo(f"tether: error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def fail_on(err: Exception) -> None:
-    """Fail with `err` as one line and its exit code (`describe_error`); re-raise it under --debug."""
-    if DEBUG:
-        raise err
-    message, code = describe_error(err)
-    fail(message, code)
-
-
-def _offline_env() -> None:
-    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        os.environ.setdefault(k, "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _load(config: Optional[Path], overrides: List[str]):
-    from tether.config import ConfigError, load_config
-
-    try:
-        return load_config(config, overrides)
-    except ConfigError as err:
-        fail_on(err)
-
-
-def default_run_dir(name: str) -> Path:
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _run_failures() -> tuple[type[Exception], ...]:
-    """Errors that end a run with a message naming the cause (exit 1): not bugs, not bad input."""
-    from tether.rollout.runner import EnvFailure
-    from tether.policy.chat import TokenizationDrift
-    from tether.rewards import RewardFailure
-    from tether.io.checkpoint import CheckpointError
-    from tether.train.update import TrainingHalted
-
-    return (RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift, CheckpointError)
-
-
-def _known_errors() -> tuple[type[Exception], ...]:
-    """What a command catches to tidy up its run directory before failing with one line."""
-    from tether.errors import UserError
-
-    return (UserError, OSError) + _run_failures()
-
-
-def _fail_run(rd: Path, existed: bool, err: Exception) -> None:
-    """Fail with `err`; a run directory this command created that holds nothing but its config goes."""
-    files = [f for f in rd.rglob("*") if f.is_file() and f.name not in ("config.yaml", "run.json")] if rd.is_dir() else [None]
-    if not existed and not files:
-        shutil.rmtree(rd, ignore_errors=True)
-        typer.echo(f"(removed the empty run directory {rd})", err=True)
-    fail_on(err)
+    """tether: reinforcement fine-tuning of LLMs and LLM agents."""  # --debug is read by OneLineErrors.invoke
 
 
 def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool,
                 overwrite: bool = False) -> None:
-    """Shared body of `train` and `sft` over the Python API (tether.sft / tether.train): pick the
-    run dir, run, summarise."""
+    """Shared body of `train` and `sft` over the Python API (tether.sft / tether.train, which check
+    the inputs first): pick the run dir, run, summarise."""
     from tether.api.training import sft as run_sft, train as run_train
 
-    _offline_env()
-    cfg = _load(config, overrides)
+    cfg = start_command(config, overrides)
     if resume and run_dir is None:
         fail("--resume needs --run-dir DIR (the run to continue)")
     rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
+    run_in_dir(rd, lambda: (run_sft if kind == "sft" else run_train)(cfg, rd, resume=resume, overwrite=overwrite).summary)
     typer.echo(f"run directory: {rd}")
-    existed = rd.exists()
-    try:
-        run = (run_sft if kind == "sft" else run_train)(cfg, rd, resume=resume, overwrite=overwrite)
-    except _known_errors() as err:
-        _fail_run(rd, existed, err)
-    _print_summary(run.summary)
-    typer.echo(f"run directory: {rd}")
-
-
-CONFIG_ARG = typer.Argument(..., help="YAML config (see configs/)")
-OVERRIDES_ARG = typer.Argument(None, help="key.path=value overrides")
-RUN_DIR_OPT = typer.Option(None, "--run-dir", help="default: runs/<config name>-<timestamp>")
-RESUME_OPT = typer.Option(False, "--resume", help="continue from the run directory's latest good checkpoint "
-                          "(none: start from step 0); the config may change only steps, lr, eval, logging, ... (docs/resume.md)")
-OVERWRITE_OPT = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir; without it "
-                             "(or --resume) an existing run is refused")
-
-
-STEP_OPT = typer.Option(None, "--step", help="a checkpoint of the run (checkpoints/step_N) instead of its result model")
-
-
-def note(message: str) -> None:
-    """One line to the user about what a command is working on (e.g. an interrupted run's last model)."""
-    typer.echo(f"tether: note: {message}", err=True)
 
 
 @app.command()
@@ -209,7 +71,7 @@ def demo(
     overwrite: bool = OVERWRITE_OPT,
 ) -> None:
     """The embedded default: tiny model built locally -> SFT -> GRPO -> held-out eval -> plots."""
-    _offline_env()
+    offline_env()
     from tether.config import ConfigError
     from tether.recipes.demo import run_demo
 
@@ -220,9 +82,9 @@ def demo(
         summary = run_demo(rd, overrides or [], overwrite=overwrite)
     except ConfigError as err:
         fail_on(err)
-    except _known_errors() as err:
-        _fail_run(rd, existed, err)
-    _print_summary(summary)
+    except known_errors() as err:
+        fail_run(rd, existed, err)
+    print_summary(summary)
     typer.echo(f"run directory: {rd}")
 
 
@@ -236,12 +98,12 @@ def eval_cmd(
     step: Optional[int] = STEP_OPT,
 ) -> None:
     """Held-out pass@k, maj@k, best@k (k = 1..eval.samples) and greedy accuracy -> eval.json."""
-    _offline_env()
+    offline_env()
     from tether.api.evaluate import run_eval_command
 
     try:
         metrics, path = run_eval_command(target, overrides or [], out, plot=plot, step=step, log=note)
-    except _known_errors() as err:
+    except known_errors() as err:
         fail_on(err)
     for k, v in sorted(metrics.items()):
         typer.echo(f"{k:32s} {v:.4f}" if isinstance(v, float) else f"{k:32s} {v}")
@@ -257,15 +119,8 @@ def show(run_dir: Path = typer.Argument(..., help="a run directory of any kind (
         fail(f"{run_dir}: not a directory")
     try:
         typer.echo(render_run_summary(run_dir))
-    except _known_errors() as err:
+    except known_errors() as err:
         fail_on(err)
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    keys = [k for k in summary if not isinstance(summary[k], dict)]
-    for k in keys:
-        v = summary[k]
-        typer.echo(f"  {k:28s} {v:.4f}" if isinstance(v, float) else f"  {k:28s} {v}")
 
 
 def _register_plugins() -> None:

@@ -2,9 +2,13 @@
 
 `tether train|sft` call `check_run_inputs` right after the config is validated: the run
 directory can be written, the run trains something, the data can be read (encoding, JSON,
-duplicate ids: tether.tasks), and a `model.path` directory holds a config, a tokenizer that
-fits the model's embedding and, when prompts are chat-templated, a chat template. Only the
-tokenizer and config.json are read here, not the weights, so a bad input costs seconds.
+duplicate ids: tether.tasks; every row of a `datasets` source, tether.tasks.fields), the reward
+components' model references hold (tether.rewards), a `model.path` directory holds a config, a
+tokenizer that fits the model's embedding and, when prompts are chat-templated (data.chat, or
+rows of chat messages), a chat template that renders them, and `model.lora.target_modules` name
+modules the model has (tether.preflight_models). Only tokenizers, config.json and safetensors
+headers are read here, not the weights, so a bad input costs seconds. Pipelines run the same
+checks for every stage before the first one (tether.preflight_stages).
 
 Prompts longer than the context are found once the tokenizer exists (`fit_prompts`, called by
 the RL recipe): skipped with a counted warning or refused (`data.on_overlong`).
@@ -58,8 +62,9 @@ def _read_model_config(p: Path) -> dict[str, Any]:
     return data
 
 
-def check_model_path(cfg: TetherConfig, needs_template: str | None) -> None:
-    """config.json and the tokenizer of `model.path`, without loading the weights."""
+def check_model_path(cfg: TetherConfig, needs_template: str | None, problems: Sequence[dict[str, Any]] = ()) -> None:
+    """config.json and the tokenizer of `model.path`, without loading the weights; with a template
+    needed, the first `problems` are rendered through it (a template may refuse their roles)."""
     p = Path(cfg.model.path)
     if p.is_dir() and (p / "adapter_config.json").is_file():  # a LoRA adapter: checked when its base is loaded
         return
@@ -73,6 +78,11 @@ def check_model_path(cfg: TetherConfig, needs_template: str | None) -> None:
         raise InputError(f"model.path={str(p)!r}: cannot load its tokenizer ({first})") from None
     rows = data.get("vocab_size", data.get("text_config", {}).get("vocab_size"))
     check_tokenizer(tokenizer, rows if isinstance(rows, int) else None, needs_template, f"model.path={str(p)!r}")
+    if needs_template:
+        from tether.policy.chat import encode_prompt
+
+        for problem in problems[:8]:  # TemplateError: the template's own raise_exception, named
+            encode_prompt(tokenizer, problem, cfg.data.chat)
 
 
 def check_run_inputs(cfg: TetherConfig, run_dir: str | Path, kind: str) -> None:
@@ -80,7 +90,13 @@ def check_run_inputs(cfg: TetherConfig, run_dir: str | Path, kind: str) -> None:
     check_run_dir(run_dir)
     if kind in ("rl", "sft"):
         check_steps(cfg, kind)
-    env_task = check_data(cfg)
+    check_config_inputs(cfg)
+
+
+def check_config_inputs(cfg: TetherConfig) -> None:
+    """The inputs one config names (data, rewards, model directory, chat template, LoRA targets); run for
+    `tether train|sft` and for every stage of a pipeline before its first stage (tether.preflight_stages)."""
+    env_task, problems = check_data(cfg)
     if env_task and cfg.env.context.builder == "summary":
         from tether.envs.context import load_summarizer
 
@@ -88,24 +104,42 @@ def check_run_inputs(cfg: TetherConfig, run_dir: str | Path, kind: str) -> None:
     elif not env_task:
         from tether.rewards.compose import build_reward_spec
 
-        build_reward_spec(cfg.reward)  # ConfigError / UnknownNameError: names, modules, kwargs
-    needs = "data.chat=true" if cfg.data.chat else (f"data.task={cfg.data.task}" if env_task else None)
+        build_reward_spec(cfg.reward)  # ConfigError / UnknownNameError: names, modules, kwargs, model references
+    needs = _template_reason(cfg, env_task, problems)
     if cfg.model.path:
-        check_model_path(cfg, needs)
+        check_model_path(cfg, needs, [p for p in problems if cfg.data.chat or p.get("messages")])
+    if cfg.model.lora is not None:
+        from tether.preflight_models import build_skeleton, check_lora_targets
+
+        check_lora_targets(build_skeleton(cfg.model.path, cfg.model.tiny), cfg.model.lora)
 
 
-def check_data(cfg: TetherConfig) -> bool:
+def _template_reason(cfg: TetherConfig, env_task: bool, problems: Sequence[dict[str, Any]]) -> str | None:
+    """Why prompts go through the chat template (the setting to name), or None when they do not."""
+    if cfg.data.chat:
+        return "data.chat=true"
+    if env_task:
+        return f"data.task={cfg.data.task}"
+    first = next((p for p in problems if p.get("messages")), None)
+    if first is not None:
+        return f"data.prompt_key={cfg.data.prompt_key} (the rows are chat messages, e.g. id {first.get('id')!r})"
+    return None
+
+
+def check_data(cfg: TetherConfig) -> tuple[bool, list[dict[str, Any]]]:
     """Read or generate the problems as the recipe will (DataError names file:line for encoding,
-    JSON, missing keys, duplicate ids); returns whether the task is a multi-turn environment."""
+    JSON, missing keys, duplicate ids; file, row and field for `datasets` sources); returns whether the
+    task is a multi-turn environment, and the rows of a data source (none for generated tasks)."""
     from tether.tasks import make_splits
     from tether.tasks.sources import check_source
 
     d = cfg.data
-    if check_source(d):  # a data source's rows (tether.tasks.sources): read as the recipe will
-        return False
+    rows = check_source(d)  # a data source's rows (tether.tasks.sources): read as the recipe will
+    if rows is not None:
+        return False, rows
     make_splits(d.task, d.train_size, d.eval_size, d.seed, d.task_kwargs)  # UnknownNameError lists the tasks
     from tether.rollout import make_rollout
 
-    return make_rollout(cfg).multi_turn  # a fact of the task's rollout (tether.rollout), not a name test
+    return make_rollout(cfg).multi_turn, []  # a fact of the task's rollout (tether.rollout), not a name test
 
 

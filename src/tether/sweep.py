@@ -56,7 +56,7 @@ from tether.runs.engine import Member, Outcome, Plan, member_rows, run_members
 from tether.runs.lifecycle import do_set_members
 from tether.runs.record import KINDS, RunRecord, read_record, update_record, write_record
 from tether.runs.resume import EVENTS_FILE, compute_config_changes
-from tether.sweep_prepare import referenced, run_prepare, substitute
+from tether.sweep_prepare import RunHooks, referenced, run_prepare, substitute
 
 COMMANDS = ("train", "pipeline", "sft")
 
@@ -452,7 +452,7 @@ def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int 
     out = Path(out)
     _prepare_dir(out, base, spec, log)
     arms, threads = spec.arms(), _threads(spec, workers)
-    prepared = run_prepare(spec.prepare, spec.seeds, out, run_fn, _finished, log, SweepError, workers, threads,
+    prepared = run_prepare(spec.prepare, spec.seeds, out, RunHooks(run_fn, _finished, log, SweepError), workers, threads,
                            spec.prepare_overrides)
     members = [Member(f"{arm.label} seed {seed}", out / arm.slug / f"seed-{seed}", _KIND[spec.command], (arm, seed))
                for arm in arms for seed in spec.seeds]

@@ -25,6 +25,7 @@ override the step's config does not accept is refused before anything runs); the
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,17 +87,28 @@ def substitute(overrides: Sequence[str], prepare: Mapping[str, Mapping], out: Pa
     return [PLACEHOLDER.sub(lambda m: str(step_dir(out, m.group(1), prepare[m.group(1)], seed)), o) for o in overrides]
 
 
-def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, run_fn: Callable,
-                finished: Callable[[Path], dict | None], log: Callable[[str], None], error: type[Exception],
-                workers: int = 1, extra: Sequence[str] = (), cli_overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class RunHooks:
+    """How the sweep runs one command (`run(argv, run_dir, log_path) -> exit code`), tells a finished
+    run (`finished(run_dir) -> summary or None`), logs, and fails (`error`)."""
+
+    run: Callable
+    finished: Callable[[Path], dict | None]
+    log: Callable[[str], None]
+    error: type[Exception]
+
+
+def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, hooks: RunHooks, workers: int = 1,
+                extra: Sequence[str] = (), cli_overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Run every prepare step (each seed of a per-seed one) whose run is not done yet, through the
     multi-run engine (tether.runs.engine: its resume rule and progress lines); one record per run:
     name, seed (None: once), run_dir, ran (False: found done), seconds, summary scalars. The seeds of
     a per-seed step run `workers` at a time, with `extra` overrides (the sweep's per-worker thread
     count) and the command line's overrides after the step's own; the steps run in order (a later one
-    may start from an earlier one). A failed step raises `error`: no arm could start without it."""
+    may start from an earlier one). A failed step raises `hooks.error`: no arm could start without it."""
     from tether.runs.engine import Member, Plan, run_members
 
+    run_fn, finished, log, error = hooks.run, hooks.finished, hooks.log, hooks.error
     records = []
     for name, step in prepare.items():
         cfg_path = out / "prepare" / f"{name}.yaml"

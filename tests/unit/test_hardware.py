@@ -81,11 +81,12 @@ def _tiny_cfg(extra):
                                                  (AVX2, ["model.autocast_bf16=true"], True)])
 def test_setup_policy_resolves_logs_and_records(fake_cpu, tmp_path, capsys, info, extra, expected):
     from tether.train.setup import precision_summary, setup_policy, setup_problems
+    from tether.rollout import compute_tokenizer_corpus
 
     fake_cpu(info)
     cfg = _tiny_cfg(extra)
     train, _ = setup_problems(cfg.data)
-    policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path, train)
+    policy = setup_policy(cfg.model, cfg.run.seed, tmp_path, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     assert policy.autocast_bf16 is expected
     out = capsys.readouterr().out
     assert f"[tether] precision: {'bf16 autocast' if expected else 'fp32'}" in out

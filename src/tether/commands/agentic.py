@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from tether.commands.common import fail, default_run_dir
 
-def _fail(message: str, code: int) -> None:
-    typer.echo(f"tether: error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
@@ -27,27 +24,21 @@ def register(app: typer.Typer) -> None:
         """The config's pipeline.stages (sft, rl, rs_sft, dpo, distill, merge, eval), each stage's model
         handed to the next; without stages: SFT on the task's demonstrations, then RL. summary.json
         holds held-out metrics after every stage."""
-        from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary
-        from tether.config import ConfigError
+        from tether.commands.common import fail_on, run_in_dir, start_command
+        from tether.errors import UserError
+        from tether.preflight_stages import check_pipeline_inputs
         from tether.recipes.multistage import plan_stages
         from tether.recipes.pipeline import run_pipeline
 
-        _offline_env()
-        cfg = _load(config, overrides or [])
+        cfg = start_command(config, overrides)
         if resume and run_dir is None:
-            _fail("--resume needs --run-dir DIR (the pipeline to continue)", 2)
-        try:
-            plan_stages(cfg)  # stage overrides and model references, before anything runs
-        except ConfigError as err:
-            _fail(str(err), 2)
-        rd = run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        typer.echo(f"run directory: {rd}")
-        existed = rd.exists()
-        try:
-            summary = run_pipeline(cfg, rd, resume=resume, overwrite=overwrite)
-        except _known_errors() as err:
-            _fail_run(rd, existed, err)
-        _print_summary(summary)
+            fail("--resume needs --run-dir DIR (the pipeline to continue)", 2)
+        try:  # stage overrides and model references, then every stage's inputs, before anything runs
+            check_pipeline_inputs(cfg, plan_stages(cfg))
+        except UserError as err:
+            fail_on(err)  # one line, exit 2 (the traceback under --debug)
+        rd = run_dir or default_run_dir(cfg.run.name)
+        run_in_dir(rd, lambda: run_pipeline(cfg, rd, resume=resume, overwrite=overwrite))
 
     @app.command("compare-context")
     def compare_context(
@@ -60,26 +51,25 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="reuse finished pipelines, resume the unfinished one"),
     ) -> None:
         """Agent-R1's comparison: the same pipeline per context builder; prints the ordering found."""
-        from tether.cli import _fail_run, _known_errors, _load, _offline_env
+        from tether.commands.common import fail_run, known_errors, start_command
         from tether.envs.context import CONTEXT_BUILDERS
         from tether.recipes.pipeline import run_context_comparison
 
-        _offline_env()
-        cfg = _load(config, overrides or [])
+        cfg = start_command(config, overrides)
         names = [b.strip() for b in builders.split(",") if b.strip()]
         unknown = [b for b in names if b not in CONTEXT_BUILDERS]
         if unknown or not names:
-            _fail(f"--builders: unknown {unknown or names}; valid: {', '.join(CONTEXT_BUILDERS)}", 2)
+            fail(f"--builders: unknown {unknown or names}; valid: {', '.join(CONTEXT_BUILDERS)}", 2)
         try:
             seed_list = [int(s) for s in seeds.split(",")] if seeds else None
         except ValueError:
-            _fail(f"--seeds {seeds!r}: expected integers like 0,1,2", 2)
+            fail(f"--seeds {seeds!r}: expected integers like 0,1,2", 2)
         if resume and run_dir is None:
-            _fail("--resume needs --run-dir DIR (the comparison to continue)", 2)
-        rd = run_dir or Path("runs") / f"{cfg.run.name}-context-{time.strftime('%Y%m%d-%H%M%S')}"
+            fail("--resume needs --run-dir DIR (the comparison to continue)", 2)
+        rd = run_dir or default_run_dir(f"{cfg.run.name}-context")
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()
         try:
             run_context_comparison(cfg, rd, names, seed_list, overwrite=overwrite, resume=resume)
-        except _known_errors() as err:
-            _fail_run(rd, existed, err)
+        except known_errors() as err:
+            fail_run(rd, existed, err)

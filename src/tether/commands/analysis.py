@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from tether.commands.common import fail
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"tether: error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _check_dirs(paths: List[Path]) -> None:
     for p in paths:
         if not p.is_dir():
-            _fail(f"{p}: not a directory")
+            fail(f"{p}: not a directory")
 
 
-def run_plan_command(target: Path, overrides: List[str], budget: float, unit: str, pilot_problems: int,
-                     pilot_samples: int, min_steps: int, pilot_file: Optional[Path], save_pilot: Optional[Path]):
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `tether plan` was asked: the budget in `unit`, the pilot's size (or a saved pilot), the
+    update steps the plan protects first, and where to save the pilot."""
+
+    budget: float
+    unit: str = "rollouts"
+    pilot_problems: int = 64
+    pilot_samples: int = 16
+    min_steps: int = 100
+    pilot_file: Optional[Path] = None
+    save_pilot: Optional[Path] = None
+
+
+def run_plan_command(target: Path, overrides: List[str], req: PlanRequest):
     """Pilot (or a saved one) -> Plan. Returns (plan, pilot)."""
+    budget, unit, pilot_problems, pilot_samples = req.budget, req.unit, req.pilot_problems, req.pilot_samples
+    min_steps, pilot_file, save_pilot = req.min_steps, req.pilot_file, req.save_pilot
     from tether.plan.pilot import PilotResult, run_pilot
     from tether.plan.planner import PlanConstraints, recommend_allocation
 
@@ -40,7 +54,7 @@ def run_plan_command(target: Path, overrides: List[str], budget: float, unit: st
             raise UserError(f"{target} is a reward-model run: a plan samples a policy; plan the policy run it rewards "
                             "(tether eval gives the reward model's pair accuracy)")
         if t.note:
-            from tether.cli import note
+            from tether.commands.common import note
 
             note(t.note)
         cfg, model_dir = t.cfg, t.model
@@ -74,20 +88,20 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="machine-readable plan"),
     ) -> None:
         """Recommend rollouts per problem n, problems per step B_p and steps M for a budget (C = B_p*n*M)."""
-        from tether.cli import _known_errors, _offline_env, fail_on
+        from tether.commands.common import fail_on, known_errors, offline_env
 
-        _offline_env()
+        offline_env()
         if unit not in ("rollouts", "tokens"):
-            _fail(f"--unit must be rollouts or tokens, got {unit!r}")
+            fail(f"--unit must be rollouts or tokens, got {unit!r}")
         if budget <= 0 or pilot_samples < 2 or pilot_problems < 1 or min_steps < 1:
-            _fail("--budget > 0, --pilot-samples >= 2, --pilot-problems >= 1 and --min-steps >= 1 are required")
+            fail("--budget > 0, --pilot-samples >= 2, --pilot-problems >= 1 and --min-steps >= 1 are required")
         try:
-            p, pilot = run_plan_command(target, overrides or [], budget, unit, pilot_problems, pilot_samples, min_steps,
-                                        pilot_file, save_pilot)
-        except _known_errors() as err:
+            req = PlanRequest(budget, unit, pilot_problems, pilot_samples, min_steps, pilot_file, save_pilot)
+            p, pilot = run_plan_command(target, overrides or [], req)
+        except known_errors() as err:
             fail_on(err)
         except (ValueError, KeyError) as err:
-            _fail(str(err), 1)
+            fail(str(err), 1)
         if as_json:
             typer.echo(json.dumps({**p.to_json(), "pilot": {"model": pilot.model, "problems": len(pilot.counts),
                                                             "tokens_per_rollout": pilot.tokens_per_rollout,
@@ -121,19 +135,19 @@ def _register_reports(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the fit report as JSON"),
     ) -> None:
         """Fit accuracy/reward vs compute: ScaleRL sigmoid and power law, with uncertainty and extrapolation."""
-        from tether.plan.scaling import format_fit_report, run_fit
+        from tether.plan.scaling import FitOptions, format_fit_report, run_fit
 
         _check_dirs(run_dirs)
         if unit not in ("rollouts", "tokens", "steps", "seconds"):
-            _fail(f"--compute must be rollouts, tokens, steps or seconds, got {unit!r}")
+            fail(f"--compute must be rollouts, tokens, steps or seconds, got {unit!r}")
         if extrapolate < 1:
-            _fail("--extrapolate must be >= 1")
+            fail("--extrapolate must be >= 1")
         out_dir = out or (run_dirs[0] if len(run_dirs) == 1 else Path("tether-fit"))
         try:
-            rep = run_fit(run_dirs, metric, unit, law, final_only, extrapolate, bootstrap, free_r0, smooth,
-                          plot_path=out_dir / "plots" / "scaling_fit.png")
+            opts = FitOptions(metric, unit, tuple(law), final_only, extrapolate, bootstrap, free_r0, smooth)
+            rep = run_fit(run_dirs, opts, plot_path=out_dir / "plots" / "scaling_fit.png")
         except (ValueError, FileNotFoundError) as err:
-            _fail(str(err), 1)
+            fail(str(err), 1)
         (out_dir / "scaling_fit.json").write_text(json.dumps(rep, indent=2, default=float))
         typer.echo(json.dumps(rep, indent=2, default=float) if as_json else format_fit_report(rep))
         if not as_json:
@@ -147,15 +161,15 @@ def _register_reports(app: typer.Typer) -> None:
     ) -> None:
         """One self-contained HTML report: curves, evaluation, health timeline, trajectories, config."""
         from tether.api.report import report as write_any_report
-        from tether.cli import _known_errors, fail_on
+        from tether.commands.common import fail_on, known_errors
 
         _check_dirs([run_dir])
         try:
             path = write_any_report(run_dir, out)
-        except _known_errors() as err:
+        except known_errors() as err:
             fail_on(err)
         except ValueError as err:
-            _fail(str(err), 1)
+            fail(str(err), 1)
         typer.echo(f"wrote {path}")
 
     @app.command()
@@ -167,18 +181,18 @@ def _register_reports(app: typer.Typer) -> None:
     ) -> None:
         """A table of headline numbers and overlaid curves for several runs (a pipeline: its last stage)."""
         from tether.api.report import compare as run_compare
-        from tether.cli import _known_errors, fail_on
+        from tether.commands.common import fail_on, known_errors
         from tether.report.compare import format_comparison
 
         _check_dirs(run_dirs)
         if x not in ("step", "rollouts"):
-            _fail(f"--x must be step or rollouts, got {x!r}")
+            fail(f"--x must be step or rollouts, got {x!r}")
         try:
             rows, path = run_compare(run_dirs, out, x)
-        except _known_errors() as err:
+        except known_errors() as err:
             fail_on(err)
         except ValueError as err:
-            _fail(str(err), 1)
+            fail(str(err), 1)
         typer.echo(json.dumps(rows, indent=2, default=str) if as_json else format_comparison(rows))
         if path is not None and not as_json:
             typer.echo(f"wrote {path}")

@@ -9,18 +9,18 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from tether import cli
+    from tether.commands import common
 
     @app.command("train-async")
-    def train_async(config: Path = cli.CONFIG_ARG, overrides: Optional[List[str]] = cli.OVERRIDES_ARG,
-                    run_dir: Optional[Path] = cli.RUN_DIR_OPT, resume: bool = cli.RESUME_OPT,
-                    overwrite: bool = cli.OVERWRITE_OPT) -> None:
+    def train_async(config: Path = common.CONFIG_ARG, overrides: Optional[List[str]] = common.OVERRIDES_ARG,
+                    run_dir: Optional[Path] = common.RUN_DIR_OPT, resume: bool = common.RESUME_OPT,
+                    overwrite: bool = common.OVERWRITE_OPT) -> None:
         """Asynchronous RL on Ray: rollout workers generate while the trainer updates (docs/distributed.md)."""
-        cli._offline_env()
-        cfg = cli._load(config, overrides or [])
+        common.offline_env()
+        cfg = common.load_config_or_fail(config, overrides or [])
         if resume and run_dir is None:
-            cli.fail("--resume needs --run-dir DIR (the run to continue)")
-        rd = run_dir or cli.default_run_dir(cfg.run.name + "-async")
+            common.fail("--resume needs --run-dir DIR (the run to continue)")
+        rd = run_dir or common.default_run_dir(cfg.run.name + "-async")
         typer.echo(f"run directory: {rd}")
         from tether.dist.cluster import PreflightError
         from tether.dist.controller import SyncError
@@ -29,21 +29,21 @@ def register(app: typer.Typer) -> None:
 
         try:
             summary = run_rl_async(cfg, rd, resume=resume, overwrite=overwrite)
-        except cli._known_errors() + (PreflightError, SyncError) as err:
-            cli.fail(str(err), 2 if isinstance(err, UserError) else 1)  # e.g. a refused run directory: 2
-        cli._print_summary(summary)
+        except common.known_errors() + (PreflightError, SyncError) as err:
+            common.fail(str(err), 2 if isinstance(err, UserError) else 1)  # e.g. a refused run directory: 2
+        common.print_summary(summary)
         typer.echo(f"run directory: {rd}")
 
     @app.command("dist-preflight")
-    def dist_preflight(config: Path = cli.CONFIG_ARG, overrides: Optional[List[str]] = cli.OVERRIDES_ARG) -> None:
+    def dist_preflight(config: Path = common.CONFIG_ARG, overrides: Optional[List[str]] = common.OVERRIDES_ARG) -> None:
         """Check the dist: request against the Ray cluster (dist.ray_address, or a local instance)."""
-        cfg = cli._load(config, overrides or [])
+        cfg = common.load_config_or_fail(config, overrides or [])
         from tether.dist.cluster import PreflightError, compute_bundles, list_node_resources, start_cluster
 
         try:
             with start_cluster(cfg.dist):
                 nodes = list_node_resources()
         except PreflightError as err:
-            cli.fail(str(err), 1)
+            common.fail(str(err), 1)
         typer.echo(f"ok: {len(compute_bundles(cfg.dist))} bundles fit on {len(nodes)} node(s): "
                    + "; ".join(f"{n.get('CPU', 0):g} CPU, {n.get('GPU', 0):g} GPU" for n in nodes))

@@ -9,19 +9,19 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from tether import cli
+    from tether.commands import common
 
     @app.command("export")
     def export(target: Path = typer.Argument(..., help="a run directory (its result model; a pipeline's last stage) or a "
                                                        "checkpoint; LoRA adapters are merged"),
                out: Path = typer.Option(..., "--out", help="the directory to write (a plain Hugging Face model)"),
-               step: Optional[int] = cli.STEP_OPT) -> None:
+               step: Optional[int] = common.STEP_OPT) -> None:
         """Write a run's result model as a plain Hugging Face model directory (LoRA adapters merged in)."""
         from tether.api.export import export as run_export
 
-        cli._offline_env()
+        common.offline_env()
         try:
-            path = run_export(target, out, step=step, log=cli.note)
-        except cli._known_errors() as err:
-            cli.fail_on(err)
+            path = run_export(target, out, step=step, log=common.note)
+        except common.known_errors() as err:
+            common.fail_on(err)
         typer.echo(f"exported: {path}")

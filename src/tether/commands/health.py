@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from tether.commands.common import fail
+
 
 def _seeds(text: str) -> list[int]:
     """'0,1,5' or '0-9' -> a list of ints."""
@@ -33,14 +35,13 @@ def doctor(
     """Health of a run: findings, ranked root causes with evidence, and repairs taken (per stage / per run and a
     summary for pipelines and sweeps)."""
     from tether.api.doctor import doctor as examine_run, format_doctor
-    from tether.cli import _known_errors, fail_on
+    from tether.commands.common import fail_on, known_errors
 
     if not run_dir.is_dir():
-        typer.echo(f"tether: error: {run_dir}: not a directory", err=True)
-        raise typer.Exit(2)
+        fail(f"{run_dir}: not a directory", 2)
     try:
         rep = examine_run(run_dir)
-    except _known_errors() as err:
+    except known_errors() as err:
         fail_on(err)
     typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_doctor(rep))
 
@@ -67,7 +68,7 @@ def faultbench(
     extra: Optional[List[str]] = typer.Option(None, "--set", help="config overrides of the base run (key=value)"),
 ) -> None:
     """Inject faults into small RL runs and score detection, diagnosis and repair."""
-    from tether.recipes.faultbench import format_results, run_bench
+    from tether.recipes.faultbench import BenchPlan, format_results, run_bench
     from tether.health.faults import load_fault_plugins
 
     registry = load_fault_plugins()
@@ -78,14 +79,12 @@ def faultbench(
         return
     unknown = [f for f in fault or [] if f not in registry and ":" not in f]
     if unknown:
-        typer.echo(f"tether: error: unknown fault(s) {unknown}; see `tether faultbench --list`", err=True)
-        raise typer.Exit(2)
+        fail(f"unknown fault(s) {unknown}; see `tether faultbench --list`", 2)
     if score_only:
         from tether.recipes.faultbench import rescore
 
         if not (out / "cases.jsonl").is_file():
-            typer.echo(f"tether: error: {out / 'cases.jsonl'}: no such file (run the benchmark first)", err=True)
-            raise typer.Exit(2)
+            fail(f"{out / 'cases.jsonl'}: no such file (run the benchmark first)", 2)
         typer.echo(format_results(rescore(out, start, planned)))
         return
     variants = _variants(variant or [])
@@ -95,7 +94,7 @@ def faultbench(
     if smoke:
         kw.update(SMOKE)
     _check_faults(kw["faults"] or [])
-    res = run_bench(out, workers=workers, extra=list(extra or []), progress=typer.echo, **kw)
+    res = run_bench(out, BenchPlan(**kw), workers=workers, extra=list(extra or []), progress=typer.echo)
     typer.echo("")
     typer.echo(format_results(res))
     typer.echo(f"\nwrote {out / 'results.json'}")
@@ -107,8 +106,7 @@ def _variants(specs: list[str]) -> dict[str, list[str]]:
     for v in specs:
         name, _, ov = v.partition("=")
         if not name or "=" not in ov:
-            typer.echo(f"tether: error: --variant {v!r}: expected NAME=key=value[;key=value]", err=True)
-            raise typer.Exit(2)
+            fail(f"--variant {v!r}: expected NAME=key=value[;key=value]", 2)
         out[name] = [x.strip() for x in ov.split(";") if x.strip()]
     return out
 
@@ -121,8 +119,7 @@ def _check_faults(names: list[str]) -> None:
         for f in names:
             get_fault_class(f)
     except (ValueError, ImportError, SyntaxError) as err:
-        typer.echo(f"tether: error: --fault: {err}", err=True)
-        raise typer.Exit(2)
+        fail(f"--fault: {err}", 2)
 
 
 def register(app: typer.Typer) -> None:

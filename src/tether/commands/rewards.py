@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from tether.commands.common import default_run_dir
 
 
 def register(app: typer.Typer) -> None:
@@ -19,19 +20,12 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="(refused: a reward model trains in one go; see --overwrite)"),
     ) -> None:
         """Train a reward model on preference pairs; held-out pair accuracy -> summary.json, model -> final_model/."""
-        from tether.cli import _fail_run, _known_errors, _load, _offline_env, _print_summary, fail
+        from tether.commands.common import fail, run_in_dir, start_command
         from tether.recipes.rm import run_rm
 
         if resume:
             fail("a reward-model run does not resume (it keeps no checkpoints: it trains in one go); rerun it with "
                  "--overwrite, or into a new --run-dir")
-        _offline_env()
-        cfg = _load(config, overrides or [])
-        rd = run_dir or Path("runs") / f"{cfg.run.name}-rm-{time.strftime('%Y%m%d-%H%M%S')}"
-        typer.echo(f"run directory: {rd}")
-        existed = rd.exists()
-        try:
-            summary = run_rm(cfg, rd, overwrite=overwrite)
-        except _known_errors() as err:
-            _fail_run(rd, existed, err)
-        _print_summary(summary)
+        cfg = start_command(config, overrides)
+        rd = run_dir or default_run_dir(f"{cfg.run.name}-rm")
+        run_in_dir(rd, lambda: run_rm(cfg, rd, overwrite=overwrite))

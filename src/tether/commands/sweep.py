@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from tether.commands.common import fail, default_run_dir
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"tether: error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
@@ -34,13 +31,13 @@ def register(app: typer.Typer) -> None:
                                                               "an existing one is resumed"),
     ) -> None:
         """Run a grid of configs x seeds (resumable); mean +- s.e. per arm and differences -> sweep.json, sweep.md."""
-        from tether.cli import _load, _offline_env
+        from tether.commands.common import load_config_or_fail, offline_env
         from tether.sweep import (
             COMMANDS, SweepError, SweepSpec, check_metric, format_table, load_sweep_config, parse_grid, parse_seeds,
             run_sweep)
         from tether.sweep_prepare import resolve_prepare, substitute
 
-        _offline_env()
+        offline_env()
         try:
             base, block = load_sweep_config(config)
             base.setdefault("run", {}).setdefault("name", config.stem)
@@ -58,26 +55,27 @@ def register(app: typer.Typer) -> None:
             if n_workers < 1:
                 raise SweepError(f"--workers must be >= 1, got {n_workers}")
         except SweepError as err:
-            _fail(str(err))
-        rd = out or Path("runs") / f"{base['run']['name']}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+            fail(str(err))
+        rd = out or default_run_dir(f"{base['run']['name']}-sweep")
         # every arm's (and prepare step's) config and the metrics must pass before anything runs: a typo fails now,
         # not after an hour
         for step in spec.prepare.values():
-            _check_arm(step["config"], step["overrides"] + spec.prepare_overrides, _load)
+            _check_arm(step["config"], step["overrides"] + spec.prepare_overrides, load_config_or_fail)
         stages: list[str] = []
         for arm in spec.arms():
-            cfg = _check_arm(base, substitute(spec.overrides + list(arm.overrides), spec.prepare, rd, spec.seeds[0]), _load)
+            cfg = _check_arm(base, substitute(spec.overrides + list(arm.overrides), spec.prepare, rd, spec.seeds[0]),
+                             load_config_or_fail)
             stages = stages or _stage_names(cfg, spec.command)
         try:
             check_metric(spec.metric, spec.command, stages)
             for m in spec.extra_metrics:
                 check_metric(m, spec.command, stages, "--extra-metric")
         except SweepError as err:
-            _fail(str(err))
+            fail(str(err))
         try:
             payload = run_sweep(spec, base, rd, workers=n_workers)
         except SweepError as err:
-            _fail(str(err))
+            fail(str(err))
         typer.echo(format_table(payload["table"]))
         if payload["failures"]:
             typer.echo(f"{len(payload['failures'])} run(s) failed: " + "; ".join(payload["failures"]), err=True)

@@ -26,10 +26,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the Tinker API (the `tinker` SDK's ServiceClient / TrainingClient / SamplingClient) on tether's policy,
         sampler, losses and update: run a Tinker script unchanged but for TINKER_BASE_URL."""
-        from tether.cli import _offline_env
+        from tether.commands.common import offline_env
         from tether.serve.tinker import TinkerService, TinkerSettings, parse_models
 
-        _offline_env()
+        offline_env()
         if device == "auto":
             import torch
 

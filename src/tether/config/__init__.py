@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from tether.algos.config import (
     AdvantageConfig, AggConfig, AlgoConfig, DynamicSamplingConfig, ISCorrectionConfig, KLConfig, PolicyLossConfig,
@@ -24,7 +24,8 @@ from tether.config.checks import find_noop_combinations
 from tether.config.stages import (
     DistillConfig, DPOConfig, MergeConfig, PipelineConfig, RMConfig, RSSFTConfig, SFTConfig, StageConfig,
 )
-from tether.config_text import ConfigError, apply_overrides, dump_config, format_validation_error, parse_override
+from tether.config_text import (ConfigError, apply_overrides, dump_config, format_validation_error, load_yaml,
+                                parse_override)
 from tether.dist.config import DistConfig
 from tether.envs.config import ContextConfig, EnvConfig, SandboxConfig
 from tether.eval.config import EvalConfig
@@ -39,28 +40,28 @@ from tether.train.config import RunConfig, TrainConfig
 
 
 class TetherConfig(Section):
-    run: RunConfig = RunConfig()
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    algo: AlgoConfig = AlgoConfig()
-    train: TrainConfig = TrainConfig()
-    sft: SFTConfig = SFTConfig()
-    rm: RMConfig = RMConfig()
-    reward: RewardConfig = RewardConfig()
-    eval: EvalConfig = EvalConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    logging: LoggingConfig = LoggingConfig()
-    health: HealthConfig = HealthConfig()
-    env: EnvConfig = EnvConfig()
-    dist: DistConfig = DistConfig()
-    sandbox: SandboxConfig = SandboxConfig()
-    harness: HarnessConfig = HarnessConfig()
-    rs_sft: RSSFTConfig = RSSFTConfig()
-    dpo: DPOConfig = DPOConfig()
-    distill: DistillConfig = DistillConfig()
-    merge: MergeConfig = MergeConfig()
-    pipeline: PipelineConfig = PipelineConfig()
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rm: RMConfig = Field(default_factory=RMConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    dist: DistConfig = Field(default_factory=DistConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    rs_sft: RSSFTConfig = Field(default_factory=RSSFTConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    merge: MergeConfig = Field(default_factory=MergeConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
 
     @model_validator(mode="after")
     def _no_silent_noops(self) -> "TetherConfig":
@@ -95,7 +96,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             line = p.read_bytes()[: err.start].count(b"\n") + 1
             raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x}): save the file as UTF-8") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = load_yaml(text)  # no dates: `name: 2024-01-01` is text
         except yaml.YAMLError as err:
             raise ConfigError(f"{p}: not valid YAML: {' '.join(str(err).split())}") from None
         if loaded is None:
@@ -106,7 +107,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         data = loaded or {}
         source = str(p)
         data.setdefault("run", {}).setdefault("name", p.stem)
-    data = apply_overrides(data, overrides or [])
+    data = apply_overrides(data, overrides or [], TetherConfig().model_dump(mode="json"))  # list items: a.0.b=c
     return build_config(data, source)
 
 

@@ -234,7 +234,7 @@ class RolloutWorker:
 
     def _run_collect(self, order: Order, acting) -> tuple[list, dict[str, float], dict[str, Any]]:
         from tether.data import ProblemStream
-        from tether.rollout import WorkerState, collect_groups
+        from tether.rollout import WorkerState, collect_groups, make_rollout
 
         cfg = order.cfg
         if order.stream_state is not None:  # sequential mode: the trainer's own stream, continued here
@@ -243,9 +243,9 @@ class RolloutWorker:
             per_round = cfg.rollout.problems_per_step
         else:
             stream, per_round = FixedStream(order.problems), int(order.meta["per_round"])
-        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"problems_per_step": per_round})})
+        r = cfg.rollout.model_copy(update={"problems_per_step": per_round})
         ws = WorkerState(policy=acting, stream=stream, generator=self.generator)
-        groups, metrics = collect_groups(ws, cfg)
+        groups, metrics = collect_groups(ws, make_rollout(cfg), r, cfg.algo.dynamic_sampling)
         extra = {"stream_state": stream.state_dict() if order.stream_state is not None else None}
         return groups, metrics, extra
 

@@ -68,6 +68,16 @@ def _estimator(adv: Any) -> str:
     return adv.name if norm == "none" else f"{adv.name}+{norm}_norm"
 
 
+@dataclasses.dataclass(frozen=True)
+class OnTop:
+    """A trial on top of a change kept as part of the repair: the update-size evidence is measured
+    from step `stacked` on, from the current weights unless `rollback`; `extra` joins the evidence."""
+
+    stacked: int
+    rollback: bool = False
+    extra: dict[str, Any] | None = None
+
+
 class NullMonitor:
     """`health.mode=off`: observes nothing."""
 
@@ -250,10 +260,9 @@ class HealthMonitor:
     def _clean_since(self, step: int) -> bool:
         return not any(f.step >= step for f in self.findings[-20:])
 
-    def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings, stacked: int | None = None,
-                     rollback: bool = False, extra: dict[str, Any] | None = None) -> bool:
-        """Try the next candidate; `stacked`: on top of a change kept as part of the repair, with the
-        update-size evidence measured from step `stacked` on, from the current weights unless `rollback`."""
+    def _start_trial(self, st, cfg, step, since, candidates, hyp, evidence_findings, on_top: OnTop | None = None) -> bool:
+        """Try the next candidate; `on_top`: on top of a change kept as part of the repair (OnTop)."""
+        stacked, rollback, extra = (on_top.stacked, on_top.rollback, on_top.extra) if on_top else (None, False, None)
         recent = {f.detector for f in self.findings if f.step > step - 10}
         damaged = bool(recent & DAMAGE) and (stacked is None or rollback)
         # damaged weights: back to the newest snapshot before the onset (detection lags the onset, so a
@@ -329,14 +338,14 @@ class HealthMonitor:
             part = f"per-update KL still {left:.3g}x its pre-fault median (band {RESIDUAL_BAND:g}x)" if left else None
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean, pre_mean=pre_mean,
                       **({"partial": part} if part else {}))
-            return self._start_trial(st, cfg, step, t["since"], nxt, t["hyp"], [], stacked=t["start"] + 1,
-                                     extra=extra) if left else False
+            return self._start_trial(st, cfg, step, t["since"], nxt, t["hyp"], [],
+                                     OnTop(t["start"] + 1, extra=extra)) if left else False
         part = helped(self.history, t) if bad and not unsafe and nxt else None
         if part:  # part of the repair: it stays and the next candidate goes on top (weights rolled back if they lost accuracy)
             self._act("keep", step, t["action"], t["hyp"], t["changes"], t["snap"], window_mean=now_mean,
                       pre_mean=pre_mean, partial=part)
-            return self._start_trial(st, cfg, step, t["since"], nxt, t["hyp"], [], stacked=t["start"] + 1,
-                                     rollback=worse, extra=extra)
+            return self._start_trial(st, cfg, step, t["since"], nxt, t["hyp"], [],
+                                     OnTop(t["start"] + 1, rollback=bool(worse), extra=extra))
         if t["snap"] is not None:
             do_rollback(st, t["snap"])
         for c in reversed(t["changes"]):

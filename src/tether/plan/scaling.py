@@ -63,10 +63,25 @@ def _fit_or_reason(x: Sequence[float], y: Sequence[float], law: str, bootstrap: 
         return str(err)
 
 
-def run_fit(run_dirs: Sequence[Path], metric: str = "eval/pass@1", unit: str = "rollouts",
-            laws: Sequence[str] = ("sigmoid", "power"), final_only: bool = False, extrapolate: float = 10.0,
-            bootstrap: int = 200, free_r0: bool = False, smooth: int = 1, plot_path: Path | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FitOptions:
+    """What `tether fit` fits: the metric against a compute axis (`unit`), the laws, one point per run
+    (`final_only`) or the curves, how far to extrapolate, the bootstrap refits, a free R0, smoothing."""
+
+    metric: str = "eval/pass@1"
+    unit: str = "rollouts"
+    laws: Sequence[str] = ("sigmoid", "power")
+    final_only: bool = False
+    extrapolate: float = 10.0
+    bootstrap: int = 200
+    free_r0: bool = False
+    smooth: int = 1
+
+
+def run_fit(run_dirs: Sequence[Path], opts: FitOptions = FitOptions(), plot_path: Path | None = None) -> dict[str, Any]:
     """Fit every law per run and pooled; returns a JSON-able report (and writes the plot)."""
+    metric, unit, laws, final_only, extrapolate = opts.metric, opts.unit, opts.laws, opts.final_only, opts.extrapolate
+    bootstrap, free_r0, smooth = opts.bootstrap, opts.free_r0, opts.smooth
     for law in laws:
         if law not in LAWS:
             raise ValueError(f"unknown law {law!r}; valid: {sorted(LAWS)}")

@@ -36,18 +36,42 @@ class TemplateError(UserError, ValueError):
     """The chat template cannot be used for token-in/token-out assembly; the message says why."""
 
 
+try:  # transformers renders templates with jinja2; a template's raise_exception() is its TemplateError
+    from jinja2.exceptions import TemplateError as _JinjaError
+except ImportError:  # pragma: no cover - no jinja2: transformers cannot render templates at all
+    _JinjaError = ValueError  # type: ignore[misc,assignment]
+_TEMPLATE_FAILURES = (ValueError, TypeError, KeyError, _JinjaError)
+
+
 class TokenizationDrift(RuntimeError):
     """A new context does not extend the previous context + action (rollout.on_drift=fail)."""
 
 
 def encode_prompt(tokenizer, problem: Mapping[str, Any], chat: bool = False) -> list[int]:
     """Prompt token ids of a single-turn problem: raw text, or the chat template with a generation
-    prompt (always for a problem whose prompt is a list of chat messages, e.g. verl's parquet layout)."""
+    prompt (always for a problem whose prompt is a list of chat messages, e.g. verl's parquet layout).
+    A template that is missing or refuses the messages is a TemplateError naming the setting."""
     if chat or problem.get("messages"):
         msgs = problem.get("messages") or [{"role": "user", "content": problem["prompt"]}]
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        try:
+            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        except _TEMPLATE_FAILURES as err:
+            raise template_failure(tokenizer, problem, chat, err) from None
         return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
     return list(tokenizer.encode(problem["prompt"], add_special_tokens=True))
+
+
+def template_failure(tokenizer, problem: Mapping[str, Any], chat: bool, err: BaseException) -> TemplateError:
+    """transformers' "no chat_template" ValueError, or the template's own `raise_exception` (jinja2),
+    as one line: why the template is used (data.chat, or chat-message rows) and what to do."""
+    why = "data.chat=true" if chat else f"data.prompt_key (problem {problem.get('id')!r} is chat messages)"
+    detail = " ".join(str(err).split())[:200] or type(err).__name__
+    if getattr(tokenizer, "chat_template", None) is None:
+        other = "set data.chat=false" if chat else "store the prompts as plain text"
+        return TemplateError(f"{why} needs a chat template, but the model's tokenizer has none: use a chat model "
+                             f"(or add chat_template to its tokenizer_config.json), or {other}")
+    return TemplateError(f"{why}: the model's chat template refuses the messages ({detail}); fix the messages "
+                         "(e.g. roles this template accepts) or the template")
 
 
 def decode_completion(tokenizer, token_ids: Sequence[int], stop_ids: Sequence[int]) -> str:
@@ -72,8 +96,14 @@ def render_chat(tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequenc
     the template's own `tools` block (transformers `apply_chat_template(tools=...)`)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(f"{type(tokenizer).__name__} has no chat_template; multi-turn environments need one")
-    return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
-                                         add_generation_prompt=add_generation_prompt, tokenize=False)
+    try:
+        return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+    except _TEMPLATE_FAILURES as err:  # the template's own raise_exception (roles it refuses, tools it lacks)
+        detail = " ".join(str(err).split())[:200] or type(err).__name__
+        raise TemplateError(f"the model's chat template refuses this conversation ({detail}): a multi-turn "
+                            "environment needs a template that renders its roles (and tools); use a chat model whose "
+                            "template does, or fix the template") from None
 
 
 def encode_text(tokenizer, text: str) -> tuple[int, ...]:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from tether.policy.config import TinyModelConfig
+
 _LLAMA_TEMPLATE = (
     "{{- bos_token }}"
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
@@ -195,11 +197,23 @@ def build_family_tokenizer(family: str, corpus: Iterable[str], vocab_size: int =
     return fast
 
 
-def build_family_model(family: str, out_dir: str | Path, corpus: Iterable[str] = (), vocab_size: int = 400,
-                       hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                       intermediate_size: int = 128, max_positions: int = 1024, seed: int = 0) -> Path:
-    """Build, randomly initialise and `save_pretrained` a tiny model of `family` with its
-    tokenizer into `out_dir`; returns the directory (load it with `from_pretrained`)."""
+# the size of a family model unless told otherwise: small enough for a unit test, a context of 1024
+FAMILY_SHAPE = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=400,
+                               max_position_embeddings=1024)
+
+
+def family_shape(**sizes: int) -> TinyModelConfig:
+    """FAMILY_SHAPE with some sizes changed (`hidden_size=32, intermediate_size=64`)."""
+    return FAMILY_SHAPE.model_copy(update=sizes)
+
+
+def build_family_model(family: str, out_dir: str | Path, corpus: Iterable[str] = (),
+                       shape: TinyModelConfig = FAMILY_SHAPE, num_kv_heads: int = 2, seed: int = 0) -> Path:
+    """Build, randomly initialise and `save_pretrained` a tiny model of `family` (of `shape`, with
+    `num_kv_heads` key/value heads) with its tokenizer into `out_dir`; returns the directory (load it
+    with `from_pretrained`)."""
+    vocab_size, hidden_size, num_layers, num_heads = shape.vocab_size, shape.hidden_size, shape.num_layers, shape.num_heads
+    intermediate_size, max_positions = shape.intermediate_size, shape.max_position_embeddings
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig

@@ -42,11 +42,17 @@ def apply_lora(model: torch.nn.Module, cfg: Any, base_path: str | Path | None = 
     """Inject LoRA layers (`cfg`: r, alpha, dropout, target_modules) into `model`; returns the
     injected model with only the adapter weights trainable. `base_path`: the directory holding the
     base weights, recorded in every saved adapter (adapter_config.json base_model_name_or_path)."""
+    from tether.preflight_models import check_target_names, describe_peft_refusal
+
     peft = _peft()
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    check_target_names(model, targets)  # peft accepts a list in which one name matches: a typo would go unseen
     pcfg = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                            bias="none", task_type="CAUSAL_LM")
-    wrapped = peft.get_peft_model(model, pcfg)
+    try:
+        wrapped = peft.get_peft_model(model, pcfg)
+    except (ValueError, TypeError) as err:  # a module type peft cannot adapt: the user's setting, named
+        raise describe_peft_refusal(model, targets, err) from None
     if base_path is not None:
         wrapped.peft_config["default"].base_model_name_or_path = str(Path(base_path).resolve())
     inner = wrapped.base_model.model

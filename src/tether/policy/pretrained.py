@@ -37,8 +37,10 @@ def load_pretrained(p: Path, dtype) -> tuple[Any, Any]:
 def check_tokenizer(tokenizer, embedding_rows: int | None, needs_template: str | None, where: str) -> None:
     """The tokenizer's ids fit the embedding; a chat template exists when `needs_template` says why."""
     if needs_template and getattr(tokenizer, "chat_template", None) is None:
+        other = {"data.chat": "set data.chat=false", "data.prompt_key": "store the prompts as plain text"}.get(
+            needs_template.split("=")[0], "use a built-in single-turn task")
         raise InputError(f"{needs_template} renders prompts with a chat template, but the tokenizer of {where} has "
-                         "none: set data.chat=false, or use a chat model (or add chat_template to its tokenizer_config.json)")
+                         f"none: use a chat model (or add chat_template to its tokenizer_config.json), or {other}")
     n = len(tokenizer)
     if embedding_rows is not None and n > embedding_rows:
         raise InputError(f"{where}: the tokenizer has {n} tokens but the model's embedding has {embedding_rows} rows "

@@ -35,7 +35,7 @@ from tether.algos.distill import compute_reverse_kl_advantages
 from tether.config import ConfigError, TetherConfig
 from tether.policy.hf import HFPolicy
 from tether.recipes.rl import RLVariant, build_train_batch, run_rl
-from tether.recipes.stage_common import check_same_tokenizer, load_model_dir
+from tether.recipes.stage_common import load_model_dir
 from tether.train.state import RLState
 from tether.train.update import compute_batch_logprobs
 from tether.types import TrajectoryGroup
@@ -62,10 +62,11 @@ def run_distill(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) ->
     if not cfg.distill.teacher:
         raise ConfigError("distill needs a teacher: set distill.teacher=<model dir> (or an earlier stage's name)")
     teacher = load_model_dir(cfg.distill.teacher, cfg, "distill.teacher")
-    if cfg.model.path:
-        from transformers import AutoTokenizer
+    from tether.preflight_models import check_same_vocab
+    from tether.preflight_stages import Lineage
 
-        check_same_tokenizer(AutoTokenizer.from_pretrained(cfg.model.path), teacher.tokenizer, cfg.distill.teacher)
+    student = Lineage(cfg)  # model.path's tokenizer, or the tiny model's as run_rl will build it: any stage order
+    check_same_vocab(student.tokenizer, teacher.tokenizer, f"distill.teacher={cfg.distill.teacher}", student.where)
     teacher.model.eval()
     for p in teacher.model.parameters():
         p.requires_grad_(False)

@@ -217,18 +217,32 @@ def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int
     return sorted(cases, key=rank)
 
 
-def run_bench(out: Path, faults: list[str] | None = None, severities: tuple[str, ...] = ("subtle", "obvious"),
-              seeds: list[int] | None = None, healthy_seeds: list[int] | None = None, steps: int = 40, start: int = 15,
-              workers: int = 2, extra: list[str] | None = None, progress: Callable[[str], None] = print,
-              variants: dict[str, list[str]] | None = None, modes: tuple[str, ...] = ("advise", "auto"),
-              auto_remediable_only: bool = False) -> dict[str, Any]:
-    """Run the benchmark into `out` (cases.jsonl, results.json); finished cases are reused.
+@dataclass(frozen=True)
+class BenchPlan:
+    """Which cases the benchmark runs. `faults`: registered names or user specs
+    (`package.module:Class`, `path/file.py:Class`; the module is imported here and in each worker),
+    None for all, [] for the healthy controls only; `variants`: name -> config overrides under which
+    the healthy controls are repeated (advise); `steps` per run, faults from step `start`."""
 
-    `faults`: registered names or user specs (`package.module:Class`, `path/file.py:Class`; the
-    module is imported here and in each worker). `faults=[]` runs the healthy controls only.
-    `variants`: name -> config overrides under which the healthy controls are repeated (advise).
-    """
+    faults: list[str] | None = None
+    severities: tuple[str, ...] = ("subtle", "obvious")
+    seeds: list[int] | None = None
+    healthy_seeds: list[int] | None = None
+    steps: int = 40
+    start: int = 15
+    variants: dict[str, list[str]] | None = None
+    modes: tuple[str, ...] = ("advise", "auto")
+    auto_remediable_only: bool = False
+
+
+def run_bench(out: Path, plan: BenchPlan = BenchPlan(), workers: int = 2, extra: list[str] | None = None,
+              progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the benchmark of `plan` into `out` (cases.jsonl, results.json); finished cases are reused."""
     from tether.health.faults import get_fault_class, load_fault_plugins
+
+    faults, severities, seeds, healthy_seeds = plan.faults, plan.severities, plan.seeds, plan.healthy_seeds
+    steps, start, variants, modes = plan.steps, plan.start, plan.variants, plan.modes
+    auto_remediable_only = plan.auto_remediable_only
 
     faults = list(sorted(load_fault_plugins()) if faults is None else faults)
     registry = {f: get_fault_class(f) for f in faults}  # raises ValueError naming a bad spec
@@ -448,5 +462,5 @@ def format_results(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BASE", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record", "rescore",
+__all__ = ["BASE", "BenchPlan", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record", "rescore",
            "run_bench", "run_case"]

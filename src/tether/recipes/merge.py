@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tether.algos.merge import compute_linear_merge, compute_task_arithmetic
@@ -42,7 +43,10 @@ def read_state_dict(model_dir: str | Path, what: str = "merge.models") -> dict[s
                           "(a run's final_model/ or checkpoints/step_N/) or an earlier stage's name")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f), device="cpu"))
+        try:
+            state.update(load_file(str(f), device="cpu"))
+        except (SafetensorError, OSError) as err:  # a damaged or truncated file: the user's input, named
+            raise ConfigError(f"{what}: {f} is not a readable safetensors file ({err})") from None
     return state
 
 

@@ -42,7 +42,7 @@ from tether.policy.lora import is_adapter_dir
 from tether.policy.reference import reset_reference
 from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
 from tether.rewards.live import set_policy as set_live_policy
-from tether.rollout import collect_groups, compute_greedy_baseline, make_rollout
+from tether.rollout import collect_groups, compute_greedy_baseline, compute_tokenizer_corpus, make_rollout
 from tether.settings import RunSettings
 from tether.train.batch import make_train_batch
 from tether.train.loop import do_log_settings, graceful_interrupt, progress_bar
@@ -54,11 +54,16 @@ from tether.train.update import UpdateContext, run_update
 from tether.types import TrainBatch, TrajectoryGroup
 
 
+def collect_train_groups(st: RLState, cfg: TetherConfig) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """This step's groups (tether.rollout.collect_groups), played by the run's rollout."""
+    return collect_groups(st, make_rollout(cfg), cfg.rollout, cfg.algo.dynamic_sampling)
+
+
 def build_train_batch(st: RLState, cfg: TetherConfig, groups: list[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
     """This step's train batch (tether.train.batch) from the config's sections; ReMax's greedy
     baseline plays the run's own rollout (tether.rollout)."""
-    return make_train_batch(st, groups, cfg.algo, cfg.rollout.sampling, cfg.reward, cfg.train,
-                            greedy_baseline=lambda gs: compute_greedy_baseline(st.policy, cfg, gs))
+    baseline = lambda gs: compute_greedy_baseline(st.policy, make_rollout(cfg), cfg.rollout.sampling, gs)  # noqa: E731
+    return make_train_batch(st, groups, cfg.algo, cfg.rollout.sampling, cfg.reward, cfg.train, greedy_baseline=baseline)
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class RLVariant:
     -> (batch, metrics)`; recipes/distill.py), its kind, and run-settings changes it puts in force
     from the start (`(path, value)`; recipes/rl_async.py: the staleness the health layer allows)."""
 
-    collect: Callable[..., tuple[list[TrajectoryGroup], dict[str, float]]] = collect_groups
+    collect: Callable[..., tuple[list[TrajectoryGroup], dict[str, float]]] = collect_train_groups
     build: Callable[..., tuple[TrainBatch, dict[str, float]]] = build_train_batch
     kind: str = "rl"
     settings: tuple[tuple[str, Any], ...] = ()
@@ -156,7 +161,7 @@ def _start(cfg: TetherConfig, rd: RunDir, ckpt: Path | None, policy: HFPolicy | 
         policy = load_resume_policy(cfg.model, ckpt)  # a full HF model + tokenizer, or (LoRA) base + adapter slots
     elif policy is not None and cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
         attach_lora(policy, cfg.model.lora, rd.root / "base_model")
-    policy = policy or setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
+    policy = policy or setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     rollout = make_rollout(cfg)  # prompts past the context: skipped and counted, or refused (data.on_overlong)
     train = rollout.fit_problems(train, policy, cfg, "training")
     held_out = rollout.fit_problems(held_out, policy, cfg, "held-out")
@@ -236,4 +241,4 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     return summary
 
 
-__all__ = ["RLState", "RLVariant", "build_train_batch", "dump_config", "run_rl", "run_rl_step"]
+__all__ = ["RLState", "RLVariant", "build_train_batch", "collect_train_groups", "dump_config", "run_rl", "run_rl_step"]

@@ -32,7 +32,7 @@ from tether.policy.prefix import compute_sequence_logprobs
 from tether.policy.lora import is_lora, save_adapter
 from tether.train.setup import attach_lora, configure_process, precision_summary, seed_run, setup_policy, setup_problems
 from tether.train.loop import graceful_interrupt, progress_bar
-from tether.rollout import make_rollout
+from tether.rollout import compute_tokenizer_corpus, make_rollout
 from tether.train.update import UpdateState, do_guarded_step
 
 
@@ -49,7 +49,7 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
     configure_process(cfg.sandbox, cfg.model)
     train, _ = setup_problems(cfg.data)
     if policy is None:
-        policy = setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
+        policy = setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     elif cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
         attach_lora(policy, cfg.model.lora, rd.root / "base_model")
     if records is None:

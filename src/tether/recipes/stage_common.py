@@ -14,7 +14,7 @@ from tether.train.batching import SeqRecord
 from tether.config import ConfigError, TetherConfig
 from tether.eval.runner import run_eval
 from tether.policy.hf import HFPolicy, load_policy
-from tether.rollout import make_rollout
+from tether.rollout import compute_tokenizer_corpus, make_rollout
 from tether.tasks import read_jsonl_fields  # noqa: F401  (re-exported for the stage recipes)
 from tether.types import Trajectory, TrajectoryGroup
 
@@ -33,7 +33,7 @@ def start_stage(cfg: TetherConfig, run_dir: str | Path, kind: str):
     seed_run(cfg.run)
     configure_process(cfg.sandbox, cfg.model)
     train, _ = setup_problems(cfg.data)
-    return rd, train, setup_policy(cfg.model, cfg.data, cfg.run.seed, rd.root, train)
+    return rd, train, setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
 
 
 def run_sampling(policy: HFPolicy, problems: Sequence[dict[str, Any]], k: int, cfg: TetherConfig,
@@ -104,13 +104,3 @@ def load_model_dir(path: str | Path, cfg: TetherConfig, what: str) -> HFPolicy:
                           "model (a run's final_model/ or checkpoints/step_N/) or an earlier stage's name")
     return load_policy(p, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
 
-
-def check_same_tokenizer(student_tokenizer, teacher_tokenizer, teacher_path: str) -> None:
-    """On-policy distillation scores the student's token ids under the teacher: the vocabularies
-    must be identical, id for id."""
-    s, t = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-    if s != t:
-        raise ConfigError(
-            f"distill.teacher={teacher_path}: its tokenizer differs from the student's ({len(t)} vs {len(s)} tokens, "
-            f"{len(set(s.items()) ^ set(t.items()))} differing entries); the teacher scores the student's token ids, "
-            "so use a teacher trained from the same base model (e.g. an earlier stage of this pipeline)")

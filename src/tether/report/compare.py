@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from tether.report.data import RunData, compute_cumulative_compute, load_run
 from tether.report.html import CSS
-from tether.report.svg import fmt_num, render_line_chart
+from tether.report.svg import ChartStyle, fmt_num, render_line_chart
 
 COMPARE_METRICS = ("reward/mean", "accuracy", "eval/pass@1", "eval/greedy_accuracy", "kl_loss", "entropy",
                    "response_length/mean", "clip_frac", "grad_norm", "train/tokens_per_s")
@@ -79,7 +79,7 @@ def render_compare_html(runs: Sequence[RunData], x: str = "step") -> str:
             if any(isinstance(v, (int, float)) for _, v in pts):
                 series[d.name] = pts
         if series:
-            charts.append(render_line_chart(series, key, metric=key, xlabel=x, width=460))
+            charts.append(render_line_chart(series, key, metric=key, xlabel=x, style=ChartStyle(width=460)))
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>tether compare</title>"
             f"<style>{CSS}</style></head><body><header><h1>tether compare: {len(runs)} runs</h1>"
             f"<div class='sub'>x axis: {esc(x)} · generated {time.strftime('%Y-%m-%d %H:%M:%S')}</div></header>"

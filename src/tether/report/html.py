@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tether.eval.tts import compute_tts_curves, make_problem_samples
 from tether.report.data import RunData, load_run, read_jsonl_gz
-from tether.report.svg import fmt_num, render_line_chart, render_timeline
+from tether.report.svg import ChartStyle, fmt_num, render_line_chart, render_timeline
 
 esc = html.escape
 
@@ -113,8 +113,8 @@ def render_curves(data: RunData, markers: Sequence[tuple[float, str, str]]) -> s
         if not present and i >= REQUIRED_CHARTS:
             continue
         series = {k: data.series(k) for k in present}
-        charts.append(render_line_chart(series, title, metric=title, markers=markers,
-                                        empty_note=f"not logged by this run ({', '.join(group[:2])})"))
+        note = ChartStyle(empty_note=f"not logged by this run ({', '.join(group[:2])})")
+        charts.append(render_line_chart(series, title, metric=title, markers=markers, style=note))
     note = "<p class='muted'>dashed lines: health events (hover for details)</p>" if markers else ""
     return f"<section id='curves'><h2>Training curves</h2>{note}<div class='grid'>{''.join(charts)}</div></section>"
 
@@ -152,7 +152,7 @@ def render_evaluation(data: RunData) -> str:
     for name in ("pass@k", "maj@k", "best@k"):
         series = {label: sorted(c[name].items()) for label, c in curves_by_label.items() if name in c}
         if series:
-            charts.append(render_line_chart(series, f"{name} vs k", metric=f"tts-{name}", xlabel="k", log2_x=True))
+            charts.append(render_line_chart(series, f"{name} vs k", metric=f"tts-{name}", xlabel="k", style=ChartStyle(log2_x=True)))
     if charts:
         parts.append("<h3>Test-time scaling (k = 1..samples per problem)</h3><div class='grid'>" + "".join(charts) + "</div>")
         parts.append(interpret_tts(curves_by_label))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
@@ -62,18 +63,26 @@ def _segments(points: Sequence[tuple[float, float | None]]) -> list[list[Point]]
     return [s for s in out if s]
 
 
+@dataclass(frozen=True)
+class ChartStyle:
+    """How a line chart is drawn: its size in pixels, a log2 x axis, the note an empty chart shows."""
+
+    width: int = 440
+    height: int = 250
+    log2_x: bool = False
+    empty_note: str = "no data"
+
+
 def render_line_chart(
     series: Mapping[str, Sequence[tuple[float, object]]],
     title: str,
     metric: str = "",
     xlabel: str = "step",
     markers: Iterable[tuple[float, str, str]] = (),
-    width: int = 440,
-    height: int = 250,
-    log2_x: bool = False,
-    empty_note: str = "no data",
+    style: ChartStyle = ChartStyle(),
 ) -> str:
     """One chart; `series` maps a label to (x, y) points; `markers` are (x, kind, tooltip)."""
+    width, height, log2_x, empty_note = style.width, style.height, style.log2_x, style.empty_note
     left, right, top, bottom = 58, 12, 26, 40
     legend_h = 14 * len(series) if len(series) > 1 else 0
     h = height + legend_h

@@ -14,6 +14,9 @@ A reward function scores one completion:
   internal alarm); any other exception is an ERROR outcome, never a silent 0 (docs/design.md, correctness rule 6).
 - A function may carry a `prepare()` attribute: it is called once in the parent before the
   worker processes fork, so heavy imports (sympy) are paid once and shared copy-on-write.
+- A function may carry a `check_kwargs(kwargs)` attribute: called when the run is checked, before
+  any model is built, it raises ValueError (or a tether UserError) whose message names the kwarg
+  ("kwargs.path=...: ...") for settings that cannot work (a missing model directory, a bad URL).
 
 Built-ins live in `REWARD_FUNCTIONS`; a config name `package.module:function` imports a user
 function instead (`load_reward_fn`).

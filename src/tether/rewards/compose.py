@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping, Sequence
 
 from tether.config_text import ConfigError
+from tether.errors import UserError
 from tether.rewards.config import RewardConfig
 from tether.rewards.base import CallResult, RewardFn, load_reward_fn
 from tether.types import Outcome, RewardResult
@@ -73,9 +74,15 @@ def build_reward_spec(cfg: RewardConfig) -> RewardSpec:
     if dupes:
         raise ConfigError(f"reward.components: {dupes} listed twice; components are keyed by name")
     components = []
-    for c in cfg.components:
+    for i, c in enumerate(cfg.components):
         fn = load_reward_fn(c.name)
         _check_kwargs(c.name, fn, c.kwargs)
+        check = getattr(fn, "check_kwargs", None)
+        if callable(check):  # the component's own checks of its settings (a model directory, a URL, ...)
+            try:
+                check(dict(c.kwargs))
+            except (ValueError, UserError) as err:
+                raise ConfigError(f"reward.components[{i}] ({c.name}): {err}") from None
         prepare = getattr(fn, "prepare", None)
         if callable(prepare):
             prepare()  # heavy imports paid once, before workers fork

@@ -143,6 +143,28 @@ def judge(texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], model: str |
     return [_CACHE[k] for k in keys]
 
 
+def _check_judge_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """One judge (a causal LM directory, `policy`, or an http(s) endpoint), a template with known fields."""
+    model, base_url = kwargs.get("model"), kwargs.get("base_url")
+    if (model is None) == (base_url is None):
+        raise ValueError("kwargs: give exactly one of kwargs.model (a local model directory or 'policy') and "
+                         "kwargs.base_url (an OpenAI-compatible endpoint)")
+    if base_url is not None and not str(base_url).startswith(("http://", "https://")):
+        raise ValueError(f"kwargs.base_url={base_url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+    if model is not None and model != "policy":
+        from tether.preflight_models import CAUSAL_LM, check_model_kind
+
+        check_model_kind(model, CAUSAL_LM, "kwargs.model")
+    try:
+        str(kwargs.get("template", DEFAULT_TEMPLATE)).format(prompt="", response="", rubric="", answer="")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"kwargs.template: {type(err).__name__} {err} — the template may use only {{prompt}}, "
+                         "{response}, {rubric} and {answer} (double other braces: {{ }})") from None
+    if not isinstance(kwargs.get("scale", 10.0), (int, float)) or kwargs.get("scale", 10.0) <= 0:
+        raise ValueError(f"kwargs.scale={kwargs.get('scale')!r}: a positive number (the score a perfect reply gets)")
+
+
+judge.check_kwargs = _check_judge_kwargs  # type: ignore[attr-defined]
 judge.batched = True  # type: ignore[attr-defined]
 judge.learned = True  # type: ignore[attr-defined]  # a suspect for the health layer (detectors_learned)
 REWARD_FUNCTIONS.register("judge")(judge)

@@ -111,6 +111,7 @@ def make_pairs_from_groups(groups, limit_per_group: int = 4) -> list[dict[str, s
 
 
 _MODELS: dict[str, tuple[Any, Any]] = {}
+NORMALIZE = ("none", "sigmoid", "batch", "winrate")
 
 
 def _cached_model(path: str):
@@ -143,8 +144,8 @@ def compute_win_rates(scores: Sequence[float], keys: Sequence[Any]) -> list[floa
 def reward_model(texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], path: str, normalize: str = "none",
                  max_length: int = 512, batch_size: int = 32) -> list[float]:
     """Reward component: the reward model at `path` scores (task prompt, completion) — batched."""
-    if normalize not in ("none", "sigmoid", "batch", "winrate"):
-        raise ValueError(f"reward_model: normalize={normalize!r}; valid: none, sigmoid, batch, winrate")
+    if normalize not in NORMALIZE:
+        raise ValueError(f"reward_model: normalize={normalize!r}; valid: {', '.join(NORMALIZE)}")
     model, tok = _cached_model(str(path))
     prompts = [str(t.get("prompt", "")) for t in tasks]
     scores = score_texts(model, tok, prompts, list(texts), max_length, batch_size)
@@ -159,6 +160,16 @@ def reward_model(texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], path:
     return scores
 
 
+def _check_reward_model_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """`path` is a reward-model directory (one-label *ForSequenceClassification), `normalize` a known mode."""
+    from tether.preflight_models import REWARD_MODEL, check_model_kind
+
+    if kwargs.get("normalize", "none") not in NORMALIZE:
+        raise ValueError(f"kwargs.normalize={kwargs['normalize']!r}: valid: {', '.join(NORMALIZE)}")
+    check_model_kind(kwargs["path"], REWARD_MODEL, "kwargs.path")
+
+
+reward_model.check_kwargs = _check_reward_model_kwargs  # type: ignore[attr-defined]
 reward_model.batched = True  # type: ignore[attr-defined]
 reward_model.learned = True  # type: ignore[attr-defined]  # a suspect for the health layer (detectors_learned)
 REWARD_FUNCTIONS.register("reward_model")(reward_model)

@@ -106,28 +106,37 @@ def parse_final_number(text: str) -> float | None:
     return a / b if b != 0 else None
 
 
-def _gold_text(task: Mapping[str, Any]) -> str:
-    """The task's answer as text; a GSM8K-style full solution is reduced to its final answer."""
-    if "answer" not in task:
+def _gold_text(task: Mapping[str, Any], raw: Any = None) -> str:
+    """The task's answer (or `raw`, one of its answers) as text; a GSM8K-style full solution is
+    reduced to its final answer."""
+    if raw is None and "answer" not in task:
         raise KeyError(f"task has no 'answer' field (keys: {sorted(task)})")
-    raw = str(task["answer"])
+    raw = str(task["answer"] if raw is None else raw)
     found = extract_answer(raw)
     return found if found is not None else _clean(raw)
 
 
+def _gold_answers(task: Mapping[str, Any]) -> list[Any]:
+    """The acceptable gold answers: `gold_answers` (any one counts; set by the data readers, tether.tasks.fields),
+    else `answer`."""
+    many = task.get("gold_answers")
+    return list(many) if isinstance(many, (list, tuple)) and many else [task.get("answer")]
+
+
 @REWARD_FUNCTIONS.register("exact_match")
 def exact_match_reward(text: str, task: Mapping[str, Any], *, ignore_case: bool = False) -> float:
-    """1.0 if the extracted answer equals the gold answer after stripping, else 0.0.
+    """1.0 if the extracted answer equals a gold answer after stripping, else 0.0.
 
     The answer is `extract_answer(text)` when a convention is present, else the whole stripped
-    text; the gold answer is treated the same way. `ignore_case` compares case-folded strings.
+    text; each gold answer (`gold_answers`, else `answer`) is treated the same way. `ignore_case`
+    compares case-folded strings.
     """
     found = extract_answer(text)
     pred = found if found is not None else _clean(text)
-    gold = _gold_text(task)
+    golds = [_gold_text(task, g) for g in _gold_answers(task)]
     if ignore_case:
-        pred, gold = pred.casefold(), gold.casefold()
-    return 1.0 if pred == gold else 0.0
+        pred, golds = pred.casefold(), [g.casefold() for g in golds]
+    return 1.0 if pred in golds else 0.0
 
 
 @REWARD_FUNCTIONS.register("numeric")
@@ -140,18 +149,20 @@ def numeric_reward(
     whole text (its last number). Tolerance as in `math.isclose(pred, gold, rel_tol, abs_tol)`.
     A gold answer without a number raises: that is a data bug, not a wrong completion.
     """
-    gold_raw = task.get("answer")
-    if isinstance(gold_raw, (int, float)) and not isinstance(gold_raw, bool):
-        gold: float | None = float(gold_raw)
-    else:
-        gold = parse_final_number(_gold_text(task))
-    if gold is None:
-        raise ValueError(f"numeric: no number in the gold answer {gold_raw!r:.80}")
+    golds = []
+    for gold_raw in _gold_answers(task):
+        if isinstance(gold_raw, (int, float)) and not isinstance(gold_raw, bool):
+            gold: float | None = float(gold_raw)
+        else:
+            gold = parse_final_number(_gold_text(task, gold_raw))
+        if gold is None:
+            raise ValueError(f"numeric: no number in the gold answer {gold_raw!r:.80}")
+        golds.append(gold)
     found = extract_answer(text)
     pred = parse_final_number(found if found is not None else text)
     if pred is None:
         return 0.0
-    return 1.0 if math.isclose(pred, gold, rel_tol=rel_tol, abs_tol=abs_tol) else 0.0
+    return 1.0 if any(math.isclose(pred, g, rel_tol=rel_tol, abs_tol=abs_tol) for g in golds) else 0.0
 
 
 def _do_import_math_verify() -> None:
@@ -181,15 +192,17 @@ def math_verify_reward(text: str, task: Mapping[str, Any], *, timeout_s: int = 3
     # The gold answer is reduced to its bare answer and read as LaTeX: unwrapped, "2(x+1)" would
     # be read by the plain-expression extractor as the number 2. Only a gold that parses to a
     # math object counts ("no_fallback"); anything else is a data bug and raises.
-    gold_src = _gold_text(task)
     tagged = _ANSWER_TAG.findall(text)
     pred_src = tagged[-1] if tagged else text
     try:
-        gold = []
-        for src in (f"${gold_src}$", gold_src):
-            gold = gold or mv.parse(src, fallback_mode="no_fallback", parsing_timeout=limit, raise_on_error=True)
-        if not gold:
-            raise ValueError(f"math_verify: cannot parse the gold answer {task['answer']!r:.80}")
+        gold = []  # several acceptable answers: verify() matches any of them
+        for raw in _gold_answers(task):
+            gold_src, parsed = _gold_text(task, raw), []
+            for src in (f"${gold_src}$", gold_src):
+                parsed = parsed or mv.parse(src, fallback_mode="no_fallback", parsing_timeout=limit, raise_on_error=True)
+            if not parsed:
+                raise ValueError(f"math_verify: cannot parse the gold answer {raw!r:.80}")
+            gold.extend(parsed)
         pred = mv.parse(pred_src, parsing_timeout=limit, raise_on_error=True)
         if not pred:
             return 0.0  # no answer found in the completion: a wrong answer, not a broken check

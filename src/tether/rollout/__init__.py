@@ -56,6 +56,18 @@ def is_episode_task(task: str) -> bool:
     return task in ENVS
 
 
+def compute_tokenizer_corpus(task: str, problems: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Text for a tiny model's BPE: each prompt with its demonstration — the answer for data sources
+    and for environments without a scripted expert (OpenEnv, verifiers, MCP adapters)."""
+    from tether.envs import ENVS
+    from tether.tasks import demonstration
+    from tether.tasks.sources import is_file_task
+
+    plain = is_file_task(task) or (task in ENVS and ENVS[task]().expert is None)
+    return [p["prompt"] + (p.get("completion") or (str(p.get("answer", "")) if plain else demonstration(task, p)))
+            for p in problems]
+
+
 def make_rollout(cfg: Any) -> Rollout:
     """The rollout for `cfg.data.task` with the config's rewards / environment settings."""
     r = cfg.rollout
@@ -79,17 +91,5 @@ def make_rollout(cfg: Any) -> Rollout:
     return SingleTurnRollout(cfg.reward, r.batch_size, r.max_prompt_tokens, cfg.data.chat)
 
 
-def __getattr__(name: str) -> Any:  # the pre-seam names, for code written against tether.rollout
-    if name == "run_rollouts":
-        from tether.rollout.single import run_rollouts
-
-        return run_rollouts
-    if name == "encode_prompt":
-        from tether.policy import chat
-
-        return chat.encode_prompt
-    raise AttributeError(f"module 'tether.rollout' has no attribute {name!r}")
-
-
 __all__ = ["Rollout", "RolloutState", "WorkerState", "collect_groups", "compute_greedy_baseline",
-           "compute_rollout_stats", "is_episode_task", "make_rollout"]
+           "compute_rollout_stats", "compute_tokenizer_corpus", "is_episode_task", "make_rollout"]

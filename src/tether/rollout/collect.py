@@ -1,8 +1,8 @@
 """A training step's rollout side, shared by the sync recipe and the Ray rollout workers.
 
-`collect_groups(st, cfg)` reads only a small state (`RolloutState`: policy, problem stream,
-generator, fault seams), so `tether.dist.worker` runs exactly what `tether train` runs without
-importing the recipe.
+`collect_groups(st, rollout, r, ds)` reads only a small state (`RolloutState`: policy, problem
+stream, generator, fault seams) and the sections it needs (`rollout:`, `algo.dynamic_sampling`),
+so `tether.dist.worker` runs exactly what `tether train` runs without importing the recipe.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from typing import Any, Protocol
 
 import torch
 
+from tether.algos.config import DynamicSamplingConfig
+from tether.policy.config import SamplingConfig
+from tether.rollout.config import RolloutConfig
 from tether.train.groups import select_informative_groups
 from tether.rollout.stats import compute_rollout_stats
 from tether.types import TrajectoryGroup
@@ -43,14 +46,13 @@ class WorkerState:
             self.faults = NO_FAULTS
 
 
-def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """Rollouts for B_p problems; with dynamic sampling (DAPO, arXiv 2503.14476 §3.2), redraw
-    until B_p informative groups or `max_gen_batches` extra rounds."""
+def collect_groups(st: RolloutState, rollout: Any, r: RolloutConfig,
+                   ds: DynamicSamplingConfig) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """Rollouts for B_p problems (`r.problems_per_step`, `r.n` each) played by `rollout` (a
+    tether.rollout.Rollout); with dynamic sampling (DAPO, arXiv 2503.14476 §3.2), redraw until B_p
+    informative groups or `max_gen_batches` extra rounds."""
     from tether.health.telemetry import compute_weights_fingerprint
-    from tether.rollout import make_rollout
 
-    r, ds = cfg.rollout, cfg.algo.dynamic_sampling
-    rollout = make_rollout(cfg)
     kept: list[TrajectoryGroup] = []
     metrics: dict[str, float] = {}
     rounds = 1 + (ds.max_gen_batches if ds.enable else 0)
@@ -80,9 +82,8 @@ def collect_groups(st: RolloutState, cfg: Any) -> tuple[list[TrajectoryGroup], d
     return kept[: r.problems_per_step], metrics
 
 
-def compute_greedy_baseline(policy: Any, cfg: Any, groups: list[TrajectoryGroup]) -> torch.Tensor:
-    """ReMax (arXiv 2310.10505 §4): the reward of one greedy rollout (or episode) per problem -> [G]."""
-    from tether.rollout import make_rollout
-
-    greedy, _ = make_rollout(cfg).run(policy, [g.task for g in groups], 1, cfg.rollout.sampling, None, greedy=True)
+def compute_greedy_baseline(policy: Any, rollout: Any, sampling: SamplingConfig,
+                            groups: list[TrajectoryGroup]) -> torch.Tensor:
+    """ReMax (arXiv 2310.10505 §4): the reward of one greedy rollout (or episode) of `rollout` per problem -> [G]."""
+    greedy, _ = rollout.run(policy, [g.task for g in groups], 1, sampling, None, greedy=True)
     return torch.tensor([g.trajectories[0].reward.total for g in greedy], dtype=torch.float32)

@@ -34,8 +34,7 @@ class EpisodeRollout:
     def run(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] = run_generate) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        return run_env_rollouts(policy, problems, n, sampling, self.env, generator, self.batch_size, greedy=greedy,
-                                on_drift=self.on_drift, generate=generate)
+        return run_env_rollouts(policy, problems, n, sampling, self, generator, greedy, generate)
 
     def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: HFPolicy, cfg: Any, what: str) -> list:
         """All of them: a context past env.max_context_tokens ends its episode (context_overflow)."""

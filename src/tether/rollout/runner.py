@@ -1,6 +1,6 @@
 """Drive the policy through multi-turn environments into TrajectoryGroups, batched across episodes.
 
-    groups, metrics = run_env_rollouts(policy, problems, n, cfg.rollout.sampling, cfg.env)
+    groups, metrics = EpisodeRollout(cfg.env).run(policy, problems, n, cfg.rollout.sampling)   # tether.rollout.episodes
 
 Each problem is played by n fresh single-use environments. Every turn, the contexts of ALL live
 episodes are generated in one `run_generate` call (one batch per turn, as rollout/single.py batches a
@@ -31,7 +31,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -53,6 +53,9 @@ from tether.policy.chat import (
 from tether.policy.hf import HFPolicy, run_generate
 from tether.policy.kv_reuse import carry_turn_kv
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup, Turn
+
+if TYPE_CHECKING:
+    from tether.rollout.episodes import EpisodeRollout
 
 log = logging.getLogger(__name__)
 EPISODE_STOPS = (StopReason.DONE, StopReason.MAX_TURNS, StopReason.CONTEXT_OVERFLOW, StopReason.TIMEOUT,
@@ -248,18 +251,19 @@ def run_env_rollouts(
     problems: Sequence[Mapping[str, Any]],
     n: int,
     sampling: SamplingConfig,
-    cfg: EnvConfig,
+    engine: EpisodeRollout,
     generator: torch.Generator | None = None,
-    batch_size: int = 256,
     greedy: bool = False,
-    on_drift: str = "count",
     generate: Callable[..., list[Sample]] = run_generate,
 ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """n episodes of each problem -> TrajectoryGroups and metrics (see module docstring).
+    """n episodes of each problem -> TrajectoryGroups and metrics (see module docstring); `engine`
+    (tether.rollout.episodes.EpisodeRollout) carries the `env` section, the sampling batch size and
+    what a tokenization drift does (`on_drift`).
 
     `generate(policy, prompts, sampling, generator, batch_size=, greedy=)` defaults to the HF
     sampler; tests pass a scripted one.
     """
+    cfg, batch_size, on_drift = engine.env, engine.batch_size, engine.on_drift
     t0 = time.perf_counter()
     counts: Counter = Counter()
     episodes = _start_episodes(problems, n, cfg, counts)

@@ -25,39 +25,9 @@ from tether.rewards import run_rewards
 from tether.types import Sample, Trajectory, TrajectoryGroup, Turn
 
 
-def run_rollouts(
-    policy: HFPolicy,
-    problems: Sequence[Mapping[str, Any]],
-    n: int,
-    sampling: SamplingConfig,
-    reward_cfg: RewardConfig,
-    generator: torch.Generator | None = None,
-    batch_size: int = 256,
-    max_prompt_tokens: int | None = None,
-    chat: bool = False,
-    greedy: bool = False,
-    generate: Callable[..., list[Sample]] = run_generate,
-) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """n samples for each problem -> rewarded TrajectoryGroups, plus rollout metrics."""
-    t0 = time.perf_counter()
-    kept, prompts, skipped = [], [], 0
-    for p in problems:
-        ids = encode_prompt(policy.tokenizer, p, chat)
-        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-            skipped += 1  # counted, not fatal; a run of only over-long prompts fails below
-            continue
-        kept.append(p)
-        prompts.append(ids)
-    if not kept:
-        raise ValueError(f"all {len(problems)} prompts exceed rollout.max_prompt_tokens={max_prompt_tokens}")
-    flat = [ids for ids in prompts for _ in range(n)]
-    samples = generate(policy, flat, sampling, generator, batch_size=batch_size, greedy=greedy)
-    t_gen = time.perf_counter() - t0
-    texts = [decode_completion(policy.tokenizer, s.token_ids, policy.stop_ids) for s in samples]
-    tasks = [p for p in kept for _ in range(n)]
-    t1 = time.perf_counter()
-    results, reward_metrics = run_rewards(texts, tasks, reward_cfg)
-    t_reward = time.perf_counter() - t1
+def _make_groups(kept: Sequence[Mapping[str, Any]], samples: Sequence[Sample], texts: Sequence[str],
+                 results: Sequence[Any], n: int) -> list[TrajectoryGroup]:
+    """One-turn trajectories, n per problem, in the order they were sampled."""
     groups = []
     for g, problem in enumerate(kept):
         trajs = []
@@ -70,16 +40,7 @@ def run_rollouts(
             trajs.append(Trajectory(task_id=str(problem.get("id", g)), turns=(turn,), reward=results[k],
                                     stop=s.finish, info={"text": texts[k]}))
         groups.append(TrajectoryGroup(task_id=str(problem.get("id", g)), trajectories=tuple(trajs), task=problem))
-    gen_tokens = sum(len(s.token_ids) for s in samples)
-    metrics = {
-        "rollout/prompts_skipped": float(skipped),
-        "rollout/gen_tokens": float(gen_tokens),
-        "rollout/tokens_per_s": gen_tokens / max(t_gen, 1e-9),
-        "time/generate": t_gen,
-        "time/reward": t_reward,
-    }
-    metrics.update(reward_metrics)
-    return groups, metrics
+    return groups
 
 
 def build_single_turn_demo_records(policy: HFPolicy, problems: Sequence[Mapping[str, Any]], task: str, chat: bool,
@@ -118,8 +79,35 @@ class SingleTurnRollout:
     def run(self, policy: HFPolicy, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] = run_generate) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        return run_rollouts(policy, problems, n, sampling, self.reward, generator, self.batch_size,
-                            self.max_prompt_tokens, self.chat, greedy, generate)
+        """n samples for each problem -> rewarded TrajectoryGroups, plus rollout metrics."""
+        t0 = time.perf_counter()
+        kept, prompts, skipped = [], [], 0
+        for p in problems:
+            ids = encode_prompt(policy.tokenizer, p, self.chat)
+            if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+                skipped += 1  # counted, not fatal; a run of only over-long prompts fails below
+                continue
+            kept.append(p)
+            prompts.append(ids)
+        if not kept:
+            raise ValueError(f"all {len(problems)} prompts exceed rollout.max_prompt_tokens={self.max_prompt_tokens}")
+        flat = [ids for ids in prompts for _ in range(n)]
+        samples = generate(policy, flat, sampling, generator, batch_size=self.batch_size, greedy=greedy)
+        t_gen = time.perf_counter() - t0
+        texts = [decode_completion(policy.tokenizer, s.token_ids, policy.stop_ids) for s in samples]
+        t1 = time.perf_counter()
+        results, reward_metrics = run_rewards(texts, [p for p in kept for _ in range(n)], self.reward)
+        t_reward = time.perf_counter() - t1
+        gen_tokens = sum(len(s.token_ids) for s in samples)
+        metrics = {
+            "rollout/prompts_skipped": float(skipped),
+            "rollout/gen_tokens": float(gen_tokens),
+            "rollout/tokens_per_s": gen_tokens / max(t_gen, 1e-9),
+            "time/generate": t_gen,
+            "time/reward": t_reward,
+        }
+        metrics.update(reward_metrics)
+        return _make_groups(kept, samples, texts, results, n), metrics
 
     def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: HFPolicy, cfg: Any, what: str) -> list:
         """The problems whose prompt fits the context; the others skipped with a count or refused (data.on_overlong)."""

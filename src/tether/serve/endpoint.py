@@ -120,12 +120,22 @@ class _Batcher:
                         b[3].set_exception(err)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How the generation thread batches concurrent requests: it waits `wait_s` for more, up to
+    `max_batch` contexts in one `run_generate` call; `model_name` is the name the endpoint answers to."""
+
+    wait_s: float = 0.01
+    max_batch: int = 64
+    model_name: str = "tether"
+
+
 class RolloutServer:
     """The endpoint (see module docstring). `close()` (or the context manager) stops it."""
 
     def __init__(self, policy: HFPolicy, sampling: SamplingConfig, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, seed: int = 0, batch_wait_s: float = 0.01, max_batch: int = 64,
-                 model_name: str = "tether") -> None:
+                 token: str | None = None, seed: int = 0, batching: Batching = Batching()) -> None:
+        batch_wait_s, max_batch, model_name = batching.wait_s, batching.max_batch, batching.model_name
         if not is_loopback(host) and not token:
             raise ValueError(f"serve host {host!r} is not a loopback address: set a token; every request must "
                              "then carry 'Authorization: Bearer <token>'")

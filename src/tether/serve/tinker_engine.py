@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from tether.config import SamplingConfig
+from tether.policy.config import SamplingConfig
 from tether.policy.base import HFPolicy
 from tether.policy.sampling import run_generate
 from tether.policy.scoring import compute_head_logprobs, compute_hidden, compute_logprobs

@@ -32,7 +32,7 @@ from typing import Callable, Mapping
 import torch
 
 from tether.algos import POLICY_LOSSES, PolicyLossInputs
-from tether.config import PolicyLossConfig
+from tether.algos.config import PolicyLossConfig
 from tether.registry import Registry
 
 TINKER_LOSSES: Registry[Callable] = Registry("Tinker loss")

@@ -146,7 +146,12 @@ def load_user_task(name: str) -> None:
     factory = import_object(name, "data.task", DataError, "package.module:factory")
     if not callable(factory):
         raise DataError(f"data.task={name!r}: {name.partition(':')[2]!r} is not callable")
-    spec = factory()
+    try:
+        spec = factory()
+    except Exception as err:  # noqa: BLE001 - the user's factory (or a name that is no factory): their code
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise DataError(f"data.task={name!r}: calling the factory failed ({type(err).__name__}: {first}); it must "
+                        "take no arguments and return a TaskSpec or an EnvSpec") from None
     if isinstance(spec, TaskSpec):
         TASKS.register(name)(lambda: spec)
     elif not any(handle(name, spec) for handle in SPEC_HANDLERS):
@@ -234,10 +239,12 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"{p}:{lineno}: missing key(s) {missing}; each line needs \"prompt\" and \"answer\"")
         if not isinstance(row["prompt"], str) or not row["prompt"]:
             raise DataError(f"{p}:{lineno}: \"prompt\" must be a non-empty string")
-        if row["answer"] is None:
-            raise DataError(f"{p}:{lineno}: \"answer\" is null; give the reference answer as a string")
-        row = dict(row)
-        row["answer"] = str(row["answer"])
+        from tether.tasks.fields import read_gold_answers, read_messages  # (imports this module)
+
+        golds = read_gold_answers(row["answer"], f"{p}:{lineno}: \"answer\"")
+        row = dict(row, answer=golds[0], gold_answers=golds)  # any one counts (tether.rewards.verifiers)
+        if "messages" in row:  # rendered with the chat template instead of "prompt" (tether.policy.chat)
+            row["messages"] = read_messages(row["messages"], f"{p}:{lineno}: \"messages\"")
         row.setdefault("id", f"{p.stem}-{lineno}")
         key = str(row["id"])
         if key in first_line:  # evaluation keys results by id: a duplicate would be counted twice

@@ -24,12 +24,12 @@ Problems = list[dict[str, Any]]
 @dataclass(frozen=True)
 class DataSource:
     """Where a `data.task` value reads its rows: `load(d) -> (train, held_out)`, `check(d)` reads
-    them as `load` will or raises (DataError naming file:line), `needs` the config fix when
-    `data.path` is missing."""
+    them as `load` will and returns them, or raises (DataError naming file:line, or file, row and
+    field), `needs` the config fix when `data.path` is missing."""
 
     name: str
     load: Callable[[DataConfig], tuple[Problems, Problems]]
-    check: Callable[[DataConfig], None]
+    check: Callable[[DataConfig], Problems]
     needs: str
 
 
@@ -48,10 +48,15 @@ def _load_jsonl(d: DataConfig) -> tuple[Problems, Problems]:
     return train, held
 
 
-def _check_jsonl(d: DataConfig) -> None:
-    for path in (d.path, d.eval_path):
-        if path:
-            load_jsonl(path)
+def _check_jsonl(d: DataConfig) -> Problems:
+    return [p for path in (d.path, d.eval_path) if path for p in load_jsonl(path)]
+
+
+def _check_hf(d: DataConfig) -> Problems:
+    from tether.tasks.hf import read_hf_sources
+
+    rows, held = read_hf_sources(d)  # every row as tether.tasks.fields reads it: a bad one costs seconds, not a model
+    return rows + (held or [])
 
 
 def _load_hf(d: DataConfig) -> tuple[Problems, Problems]:
@@ -67,8 +72,7 @@ def jsonl_source() -> DataSource:
 
 @SOURCES.register("hf")
 def hf_source() -> DataSource:
-    # a `datasets` source is read once, by the recipe: preflight does not read it twice
-    return DataSource("hf", _load_hf, lambda d: None,
+    return DataSource("hf", _load_hf, _check_hf,
                       "data.task=hf needs data.path=<file.parquet | dataset directory | hub name>")
 
 
@@ -82,12 +86,11 @@ def find_source_problem(d: DataConfig) -> str | None:
     return SOURCES[d.task]().needs if d.task in SOURCES and not d.path else None
 
 
-def check_source(d: DataConfig) -> bool:
-    """Read a source's rows as the recipe will (DataError names file:line); False for a generated task."""
+def check_source(d: DataConfig) -> Problems | None:
+    """A source's rows, read as the recipe will (DataError names file:line); None for a generated task."""
     if d.task not in SOURCES:
-        return False
-    SOURCES[d.task]().check(d)
-    return True
+        return None
+    return SOURCES[d.task]().check(d)
 
 
 def load_split_problems(d: DataConfig) -> tuple[Problems, Problems]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -27,9 +27,8 @@ from tether.policy.hf import HFPolicy, enable_checkpointing, load_policy, make_p
 from tether.policy.lora import adapter_base_path, apply_lora, count_parameters, is_adapter_dir, is_lora, peft_of
 from tether.runtime import retain_freed_memory
 from tether.policy.config import LoraConfig, ModelConfig
-from tether.tasks import demonstration
 from tether.tasks.config import DataConfig
-from tether.tasks.sources import is_file_task, load_split_problems
+from tether.tasks.sources import load_split_problems
 from tether.train.config import RunConfig
 
 
@@ -77,23 +76,9 @@ def setup_problems(data: DataConfig) -> tuple[list[dict[str, Any]], list[dict[st
     return load_split_problems(data)
 
 
-def tokenizer_corpus(data: DataConfig, problems: list[dict[str, Any]]) -> list[str]:
-    """Text for the tiny model's BPE: each prompt with its demonstration — the answer for file
-    tasks and for environments without a scripted expert (OpenEnv, verifiers, MCP adapters)."""
-    from tether.envs import ENVS
-
-    no_expert = data.task in ENVS and ENVS[data.task]().expert is None
-    texts = []
-    for p in problems:
-        plain = is_file_task(data.task) or no_expert
-        demo = p.get("completion") or (str(p.get("answer", "")) if plain else demonstration(data.task, p))
-        texts.append(p["prompt"] + demo)
-    return texts
-
-
-def setup_policy(model: ModelConfig, data: DataConfig, seed: int, run_dir: Path,
-                 problems: list[dict[str, Any]]) -> HFPolicy:
-    """Load `model.path`, or build a tiny model + tokenizer for the task (saved to base_model/)."""
+def setup_policy(model: ModelConfig, seed: int, run_dir: Path, corpus: Callable[[], list[str]]) -> HFPolicy:
+    """Load `model.path`, or build a tiny model + tokenizer for the task (saved to base_model/);
+    `corpus()`: the text its tokenizer trains on, asked only then (`tether.rollout.compute_tokenizer_corpus`)."""
     m = model
     if m.path:
         policy = load_policy(m.path, m.device, m.dtype, m.autocast_bf16)
@@ -101,7 +86,7 @@ def setup_policy(model: ModelConfig, data: DataConfig, seed: int, run_dir: Path,
         from tether.policy.tiny import build_tiny_model, build_tokenizer
 
         out = Path(run_dir) / "base_model"
-        tok = build_tokenizer(tokenizer_corpus(data, problems), m.tiny.vocab_size)
+        tok = build_tokenizer(corpus(), m.tiny.vocab_size)
         built = build_tiny_model(m.tiny, tok, out, seed=seed)
         if m.dtype == "bfloat16":
             built.to(torch.bfloat16)

@@ -21,8 +21,9 @@ def tiny(tmp_path_factory):
     """(cfg, train problems, policy) for the reverse task."""
     from tether.config import load_config
     from tether.train.setup import seed_everything, setup_policy, setup_problems
+    from tether.rollout import compute_tokenizer_corpus
 
     cfg = load_config(None, TINY)
     seed_everything(0)
     train, _ = setup_problems(cfg.data)
-    return cfg, train, setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path_factory.mktemp("tiny"), train)
+    return cfg, train, setup_policy(cfg.model, cfg.run.seed, tmp_path_factory.mktemp("tiny"), lambda: compute_tokenizer_corpus(cfg.data.task, train))

@@ -163,12 +163,13 @@ def test_cross_policy_log_probs_come_from_the_policy_that_acted(tiny, tiny_overr
 def test_partial_rollouts_park_and_record_the_version_switch_per_turn(tiny_overrides, tmp_path):
     import tests.integration.dist_stubs  # noqa: F401  (registers the fixed-length environment)
     from tether.train.setup import setup_policy, setup_problems
+    from tether.rollout import compute_tokenizer_corpus
 
     cfg = load_config(None, tiny_overrides + ["data.task=_test_turns", "data.task_kwargs={turns: 3}", "env.max_turns=6",
                                     "dist.max_staleness=1", "dist.correction=tis", "dist.partial.token_budget=20",
                                     "dist.partial.max_parks=1", "rollout.sampling.max_new_tokens=8"])
     train, _ = setup_problems(cfg.data)
-    trainer = setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path, train)
+    trainer = setup_policy(cfg.model, cfg.run.seed, tmp_path, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     w = RolloutWorker(0, make_model_bundle(trainer), cfg, seed=1)
     out = []
     for step in range(3):

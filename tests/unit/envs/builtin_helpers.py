@@ -7,7 +7,7 @@ from env_stubs import encode_action
 
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import run_expert_episode
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 
 
 def expert_actions(problems, noise: float = 0.0, rng=None) -> dict[str, list[str]]:
@@ -30,4 +30,5 @@ def run_expert_rollouts(policy, scripted, problems, env_cfg: EnvConfig | None = 
         return encode_action(tok, seq[min(call, len(seq) - 1)])
 
     gen = scripted(act, policy.stop_ids)
-    return run_env_rollouts(policy, problems, 1, SamplingConfig(max_new_tokens=96), env_cfg or EnvConfig(), generate=gen)
+    return EpisodeRollout(env_cfg or EnvConfig()).run(
+        policy, problems, 1, SamplingConfig(max_new_tokens=96), generate=gen)

@@ -20,7 +20,7 @@ from tether.config import load_config  # noqa: E402
 from tether.envs import make_env  # noqa: E402
 from tether.envs.base import Action  # noqa: E402
 from tether.envs.openenv import OpenEnvError, call_openenv  # noqa: E402
-from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.families import build_family_model, family_shape  # noqa: E402
 from tether.tasks import make_problems  # noqa: E402
 
 
@@ -102,7 +102,7 @@ def openenv_server():
 def model_dir(tmp_path_factory):
     corpus = ["Write a word with the letter a e i o u. Another one. Name a fruit like apple banana cherry. "
               "Are you sure? Answer with one word."] * 20
-    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, hidden_size=32, intermediate_size=64)
+    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, family_shape(hidden_size=32, intermediate_size=64))
 
 
 def test_openenv_episode_over_a_websocket_session(openenv_server):
@@ -200,9 +200,10 @@ def test_verifiers_env_trains_end_to_end(model_dir, tmp_path):
 
 
 def test_tiny_tokenizer_corpus_of_an_environment_without_expert():
-    from tether.train.setup import setup_problems, tokenizer_corpus
+    from tether.train.setup import setup_problems
+    from tether.rollout import compute_tokenizer_corpus
 
     cfg = load_config(None, ["data.task=verifiers", 'data.task_kwargs={"env": "vf_env_stub"}', "data.train_size=4",
                              "data.eval_size=2"])
     train, _ = setup_problems(cfg.data)
-    assert tokenizer_corpus(cfg.data, train) == [p["prompt"] + p["answer"] for p in train]  # no scripted expert to run
+    assert compute_tokenizer_corpus(cfg.data.task, train) == [p["prompt"] + p["answer"] for p in train]  # no scripted expert to run

@@ -12,7 +12,7 @@ from tether.train.batching import build_sequences
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import run_expert_episode
 from tether.envs.builtin.calc import calc_expert, calculator, parse_answer
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 from tether.rollout.demos import build_env_demo_records
 from tether.policy.chat import Message
 from tether.tasks import make_problems, make_splits
@@ -57,7 +57,8 @@ def test_expert_through_the_batched_rollout_succeeds(env_policy, scripted):
         return encode_action(tok, reply)
 
     gen = scripted(act, env_policy.stop_ids)
-    groups, m = run_env_rollouts(env_policy, problems, 1, SamplingConfig(max_new_tokens=64), EnvConfig(), generate=gen)
+    groups, m = EpisodeRollout(EnvConfig()).run(
+        env_policy, problems, 1, SamplingConfig(max_new_tokens=64), generate=gen)
     assert m["env/success_rate"] == 1.0 and m["env/stop/done"] == 1.0 and m["env/turns_mean"] == 3
     assert m["env/tool_calls"] == 8 and m["env/tool_errors"] == 0
     assert [len(c) for c in gen.calls] == [4, 4, 4]
@@ -73,7 +74,8 @@ def test_sft_demo_is_the_rollout_sequence_with_loss_on_assistant_tokens(env_poli
     assert trained == [t for a in actions for t in a]  # each action and its <|im_end|>, nothing else
     assert len(demo.ids) == len(demo.loss_mask) == len(demo.rollout_logp)
     gen = scripted(lambda c, r, p: actions[c], env_policy.stop_ids)
-    groups, _ = run_env_rollouts(env_policy, [task], 1, SamplingConfig(max_new_tokens=64), EnvConfig(), generate=gen)
+    groups, _ = EpisodeRollout(EnvConfig()).run(
+        env_policy, [task], 1, SamplingConfig(max_new_tokens=64), generate=gen)
     (seq,) = build_sequences(groups[0].trajectories[0], 0, 0, True)
     assert demo.ids[: len(seq.ids)] == seq.ids and demo.loss_mask[: len(seq.ids)] == seq.loss_mask
     assert tok.decode(list(demo.ids[len(seq.ids):])) == "\n"  # the template's close after the last turn

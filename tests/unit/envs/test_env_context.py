@@ -8,7 +8,7 @@ from env_stubs import ToolEnv, encode_action, tool_task
 from tether.train.batching import build_sequences
 from tether.config import ContextConfig, EnvConfig, SamplingConfig
 from tether.envs.context import SUMMARY_PREFIX, SUMMARY_REQUEST, select_context_messages, summarize_tool_results
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 from tether.policy.chat import Message, render_chat
 
 CALLS = [f'<tool_call>{{"name": "sentinel_tool", "arguments": {{"word": "w{k}"}}}}</tool_call>' for k in range(3)]
@@ -26,7 +26,7 @@ def rollout(policy, scripted, builder, summarizer="tether.envs.context:summarize
 
     gen = scripted(act, policy.stop_ids)
     cfg = EnvConfig(max_turns=6, context=ContextConfig(builder=builder, window=window, summarizer=summarizer))
-    groups, m = run_env_rollouts(policy, [tool_task(0)], 1, SamplingConfig(max_new_tokens=64), cfg, generate=gen)
+    groups, m = EpisodeRollout(cfg).run(policy, [tool_task(0)], 1, SamplingConfig(max_new_tokens=64), generate=gen)
     return groups[0].trajectories[0], m, gen
 
 

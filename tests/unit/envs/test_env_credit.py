@@ -13,7 +13,7 @@ from tether.algos import ADVANTAGES, AdvantageInputs, compute_advantages, comput
 from tether.train.batching import build_records, pad_records
 from tether.config import AdvantageConfig, EnvConfig, SamplingConfig
 from tether.train.credit import compute_step_fields
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 
 M = [0, 1, 1, 0, 1, 1, 0, 0]  # ctx, turn-0 action x2, observation, turn-1 action x2, padding
 STEP = [-1, 0, 0, -1, 1, 1, -1, -1]
@@ -87,7 +87,8 @@ def test_anchor_ids_come_from_identical_observations(env_policy, scripted):
     call = lambda w: encode_action(tok, f'<tool_call>{{"name": "sentinel_tool", "arguments": {{"word": "{w}"}}}}</tool_call>')  # noqa: E731
     first = [call("a"), call("a"), call("b")]
     gen = scripted(lambda c, r, p: first[r] if c == 0 else encode_action(tok, "done"), env_policy.stop_ids)
-    groups, _ = run_env_rollouts(env_policy, [tool_task(0)], 3, SamplingConfig(max_new_tokens=64), EnvConfig(), generate=gen)
+    groups, _ = EpisodeRollout(EnvConfig()).run(
+        env_policy, [tool_task(0)], 3, SamplingConfig(max_new_tokens=64), generate=gen)
     p = pad_records(build_records(groups), env_policy.pad_id)
     f = compute_step_fields(groups, p)
     anchors = [sorted(set(f["anchor_BT"][b][f["step_BT"][b] == k].tolist())) for b in range(3) for k in (0, 1)]

@@ -12,7 +12,7 @@ from env_stubs import encode_action
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import ENVS, Action, EnvSpec, Observation, StepResult, parse_tool_calls, register_env, run_tool_calls
 from tether.envs.mcp import MCPToolServer
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 from tether.envs.tools import compute_tool_info, compute_tool_messages
 from tether.policy.chat import Message, render_chat
 from tether.types import Outcome
@@ -76,8 +76,8 @@ def test_rollout_with_mcp_tools(server, env_policy, scripted):
     tok = env_policy.tokenizer
     acts = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call>', "42"]
     gen = scripted(lambda c, r, p: encode_action(tok, acts[c]), env_policy.stop_ids)
-    groups, m = run_env_rollouts(env_policy, [{"env": "_test_mcp", "id": "m"}], 1, SamplingConfig(max_new_tokens=64),
-                                 EnvConfig(max_turns=3), generate=gen)
+    groups, m = EpisodeRollout(EnvConfig(max_turns=3)).run(
+        env_policy, [{"env": "_test_mcp", "id": "m"}], 1, SamplingConfig(max_new_tokens=64), generate=gen)
     traj = groups[0].trajectories[0]
     assert traj.stop.value == "done" and traj.reward.total == 1.0 and m["env/tool_calls"] == 1
     assert "<|im_start|>tool\n42<|im_end|>" in tok.decode(list(traj.turns[1].context_ids))

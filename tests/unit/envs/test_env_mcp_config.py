@@ -14,7 +14,7 @@ pytest.importorskip("mcp")
 from tether.config import EnvConfig, SamplingConfig, load_config  # noqa: E402
 from tether.envs import make_env, parse_tool_calls  # noqa: E402
 from tether.envs.base import Action  # noqa: E402
-from tether.rollout.runner import run_env_rollouts  # noqa: E402
+from tether.rollout.episodes import EpisodeRollout  # noqa: E402
 from tether.train.setup import setup_problems  # noqa: E402
 
 STUB = str(Path(__file__).with_name("mcp_server_stub.py"))
@@ -59,8 +59,8 @@ def test_mcp_episode_through_the_runner(tmp_path, env_policy, scripted):
     actions = [encode_action(tok, '<tool_call>{"name": "add", "arguments": {"a": %d, "b": %d}}</tool_call>' % (a, b)),
                encode_action(tok, f"Answer: {task['answer']}")]
     gen = scripted(lambda call, row, prompt: actions[call], env_policy.stop_ids)
-    groups, m = run_env_rollouts(env_policy, [task], 1, SamplingConfig(max_new_tokens=64), EnvConfig(max_turns=4),
-                                 generate=gen, on_drift="fail")
+    groups, m = EpisodeRollout(EnvConfig(max_turns=4), on_drift="fail").run(
+        env_policy, [task], 1, SamplingConfig(max_new_tokens=64), generate=gen)
     traj = groups[0].trajectories[0]
     assert traj.reward.correct and m["env/tool_calls"] == 1 and m["rollout/tokenization_drift_count"] == 0
     assert '"name": "add"' in tok.decode(list(traj.turns[0].context_ids))  # the server's schema was rendered

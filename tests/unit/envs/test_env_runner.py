@@ -7,7 +7,8 @@ from env_stubs import encode_action, tool_task
 
 from tether.train.batching import build_records, pad_records
 from tether.config import EnvConfig, SamplingConfig
-from tether.rollout.runner import EnvFailure, compute_turn_rewards, run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
+from tether.rollout.runner import EnvFailure, compute_turn_rewards
 from tether.train.groups import compute_compact_weights
 from tether.types import Outcome
 
@@ -16,7 +17,7 @@ CALL = '<tool_call>{"name": "sentinel_tool", "arguments": {"word": "w"}}</tool_c
 
 
 def run(policy, gen, tasks, n=1, **env):
-    return run_env_rollouts(policy, tasks, n, SAMPLING, EnvConfig(**env), generate=gen)
+    return EpisodeRollout(EnvConfig(**env)).run(policy, tasks, n, SAMPLING, generate=gen)
 
 
 def stops(groups):

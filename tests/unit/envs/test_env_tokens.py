@@ -10,7 +10,7 @@ from env_stubs import SENTINEL_TEXT, encode_action, tool_task
 from tether.algos import agg_loss, compute_agg_norm
 from tether.train.batching import build_records, build_sequences, pad_records
 from tether.config import EnvConfig, SamplingConfig
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 from tether.policy.chat import (
     Message,
     TokenizationDrift,
@@ -80,8 +80,8 @@ def test_non_retokenising_actions_round_trip_three_turns(env_policy, scripted):
         non_canonical_ids(tok, "Answer: done", "Answer"),
     ]
     gen = scripted(lambda call, row, prompt: actions[call], env_policy.stop_ids)
-    groups, m = run_env_rollouts(env_policy, [tool_task(0)], 1, SAMPLING, EnvConfig(max_turns=5), generate=gen,
-                                 on_drift="fail")
+    groups, m = EpisodeRollout(EnvConfig(max_turns=5), on_drift="fail").run(
+        env_policy, [tool_task(0)], 1, SAMPLING, generate=gen)
     traj = groups[0].trajectories[0]
     assert traj.stop.value == "done" and traj.reward.total == 1.0
     assert [list(t.action_ids) for t in traj.turns] == actions
@@ -104,13 +104,13 @@ def test_drift_is_counted_or_fails(env_policy, scripted):
     tok = bad.tokenizer
     call = encode_action(tok, '<tool_call>{"name": "sentinel_tool", "arguments": {"word": "a"}}</tool_call>')
     gen = scripted(lambda c, r, p: call if c == 0 else encode_action(tok, "done"), bad.stop_ids)
-    groups, m = run_env_rollouts(bad, [tool_task(0)], 1, SAMPLING, EnvConfig(max_turns=3), generate=gen)
+    groups, m = EpisodeRollout(EnvConfig(max_turns=3)).run(bad, [tool_task(0)], 1, SAMPLING, generate=gen)
     assert m["rollout/tokenization_drift_count"] == 1 and m["rollout/template_prefix_preserving"] == 0
     traj = groups[0].trajectories[0]
     assert len(build_sequences(traj, 0, 0, True)) == 2  # not an extension: trained as two exact samples
     gen = scripted(lambda c, r, p: call if c == 0 else encode_action(tok, "done"), bad.stop_ids)
     with pytest.raises(TokenizationDrift, match="on_drift=fail"):
-        run_env_rollouts(bad, [tool_task(0)], 1, SAMPLING, EnvConfig(max_turns=3), generate=gen, on_drift="fail")
+        EpisodeRollout(EnvConfig(max_turns=3), on_drift="fail").run(bad, [tool_task(0)], 1, SAMPLING, generate=gen)
 
 
 def test_sentinel_in_tool_turn_gets_exactly_zero_gradient(env_policy, scripted):
@@ -120,7 +120,7 @@ def test_sentinel_in_tool_turn_gets_exactly_zero_gradient(env_policy, scripted):
     sentinel = tok.convert_tokens_to_ids(SENTINEL_TEXT)
     call = encode_action(tok, '<tool_call>{"name": "sentinel_tool", "arguments": {"word": "x"}}</tool_call>')
     gen = scripted(lambda c, r, p: call if c == 0 else encode_action(tok, "done"), env_policy.stop_ids)
-    groups, _ = run_env_rollouts(env_policy, [tool_task(0)], 2, SAMPLING, EnvConfig(max_turns=3), generate=gen)
+    groups, _ = EpisodeRollout(EnvConfig(max_turns=3)).run(env_policy, [tool_task(0)], 2, SAMPLING, generate=gen)
     p = pad_records(build_records(groups), env_policy.pad_id)
     pos = (p.input_ids_BT == sentinel).nonzero()
     assert len(pos) == 2 and not any(sentinel in t.action_ids for t in groups[0].trajectories[0].turns)
@@ -168,6 +168,6 @@ def test_drift_is_checked_for_every_builder_while_nothing_was_dropped(env_policy
     call = encode_action(tok, '<tool_call>{"name": "sentinel_tool", "arguments": {"word": "a"}}</tool_call>')
     gen = scripted(lambda c, r, p: call if c < 2 else encode_action(tok, "done"), bad.stop_ids)
     cfg = EnvConfig(max_turns=4, context=ContextConfig(builder="sliding_window", window=1))
-    _, m = run_env_rollouts(bad, [tool_task(0)], 1, SAMPLING, cfg, generate=gen)
+    _, m = EpisodeRollout(cfg).run(bad, [tool_task(0)], 1, SAMPLING, generate=gen)
     # turn 1 kept everything (drift); turn 2 dropped turn 0 (a rebuild, not drift)
     assert m["rollout/tokenization_drift_count"] == 1 and m["rollout/context_rebuilds_count"] == 2

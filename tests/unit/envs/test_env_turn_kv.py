@@ -8,7 +8,7 @@ import torch
 
 from tether.config import EnvConfig, SamplingConfig
 from tether.envs import ENVS, Action, EnvSpec, Message, Observation, StepResult, register_env
-from tether.rollout.runner import run_env_rollouts
+from tether.rollout.episodes import EpisodeRollout
 
 
 class ChattyEnv:
@@ -32,8 +32,8 @@ if "_test_chatty" not in ENVS:
 def _play(policy, reuse: bool, config_switch: bool = True):
     pol = dataclasses.replace(policy, reuse_turn_kv=reuse)
     tasks = [{"env": "_test_chatty", "id": f"c{i}", "prompt": f"task {i}"} for i in range(3)]
-    return run_env_rollouts(pol, tasks, 2, SamplingConfig(max_new_tokens=12), EnvConfig(max_turns=3, reuse_kv=config_switch),
-                            generator=torch.Generator().manual_seed(0), on_drift="fail")
+    return EpisodeRollout(EnvConfig(max_turns=3, reuse_kv=config_switch), on_drift="fail").run(
+        pol, tasks, 2, SamplingConfig(max_new_tokens=12), generator=torch.Generator().manual_seed(0))
 
 
 def test_turns_sampled_with_reused_keys_values_equal_whole_prefills(env_policy):

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 from tether.train.batching import build_sequences  # noqa: E402
 from tether.config import RewardConfig, SamplingConfig  # noqa: E402
 from tether.rollout.harness import HarnessRollout, parse_agent_output  # noqa: E402
-from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.families import build_family_model, family_shape  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
 from tether.serve.endpoint import RolloutServer  # noqa: E402
 from tether.types import Outcome  # noqa: E402
@@ -32,7 +32,7 @@ TINY_RUN = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    path = build_family_model("qwen2", tmp_path_factory.mktemp("qwen2"), hidden_size=32, intermediate_size=64)
+    path = build_family_model("qwen2", tmp_path_factory.mktemp("qwen2"), shape=family_shape(hidden_size=32, intermediate_size=64))
     return load_policy(path)
 
 

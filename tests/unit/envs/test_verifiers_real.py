@@ -25,7 +25,7 @@ from tether.train.batching import build_sequences  # noqa: E402
 from tether.config import load_config  # noqa: E402
 from tether.rollout.harness import HarnessRollout  # noqa: E402
 from tether.policy.chat import decode_completion  # noqa: E402
-from tether.policy.families import build_family_model  # noqa: E402
+from tether.policy.families import build_family_model, family_shape  # noqa: E402
 from tether.policy.hf import load_policy  # noqa: E402
 from tether.train.setup import setup_problems  # noqa: E402
 from tether.rollout import make_rollout  # noqa: E402
@@ -37,7 +37,7 @@ import vf_real_env  # noqa: E402  (tests/unit/envs, on sys.path as for vf_env_st
 def model_dir(tmp_path_factory):
     corpus = ["Answer with one word. Name a fruit like apple banana cherry dates elder figs grape honey. "
               "Are you sure?"] * 20
-    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, hidden_size=32, intermediate_size=64)
+    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, family_shape(hidden_size=32, intermediate_size=64))
 
 
 def _config(model_dir, kind, *extra):

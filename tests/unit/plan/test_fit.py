@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tether.plan.fit import fit_scaling, power_law, sigmoid_law
-from tether.plan.scaling import collect_points, format_fit_report, run_fit
+from tether.plan.scaling import FitOptions, collect_points, format_fit_report, run_fit
 
 C = np.geomspace(100, 1e5, 14)
 
@@ -77,14 +77,14 @@ def test_collect_points_and_run_fit(tmp_path):
     assert pts[0].compute[:3] == (0.0, 160.0, 320.0) and pts[0].values[0] == 0.1
     assert collect_points([r1], unit="tokens")[0].compute[1] == 500.0
     assert collect_points([r1], metric="reward/mean", unit="steps")[0].compute[:2] == (1.0, 2.0)
-    rep = run_fit([r1, r2], bootstrap=10, plot_path=tmp_path / "fit.png")
+    rep = run_fit([r1, r2], FitOptions(bootstrap=10), plot_path=tmp_path / "fit.png")
     sig = rep["fits"]["a"]["sigmoid"]
     assert sig["params"]["r0"] == 0.1 and sig["params"]["a"] == pytest.approx(0.7, abs=0.05)
     assert "pooled" in rep["fits"] and (tmp_path / "fit.png").read_bytes()[:4] == b"\x89PNG"
     assert rep["fits"]["a"]["sigmoid"]["predictions"][-1]["extrapolation_factor"] == pytest.approx(10.0)
     assert "sigmoid" in format_fit_report(rep)
     json.dumps(rep)  # JSON-able
-    final = run_fit([r1, r2], final_only=True, bootstrap=0, laws=("power",))
+    final = run_fit([r1, r2], FitOptions(final_only=True, bootstrap=0, laws=("power",)))
     assert list(final["fits"]) == ["pooled"] and "error" in final["fits"]["pooled"]["power"]  # 2 points only
     with pytest.raises(ValueError, match="no points"):
-        run_fit([r1], metric="nope")
+        run_fit([r1], FitOptions(metric="nope"))

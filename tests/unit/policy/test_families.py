@@ -3,21 +3,19 @@ with their own special tokens and tool-calling chat templates, loaded with from_
 through a 2-turn tool episode with the no-drift assertion, SFT, RL and a checkpoint reload."""
 
 from __future__ import annotations
-
 import json
 
 import pytest
 import torch
-
+from tether.rollout.episodes import EpisodeRollout
 from tether.train.batching import build_sequences
 from tether.config import EnvConfig, SamplingConfig, load_config
 import tether.envs  # noqa: F401  (registers the built-in environments)
 from tether.envs.base import compute_corpus_text
-from tether.rollout.runner import run_env_rollouts
 from tether.io.checkpoint import find_latest_checkpoint
 from tether.policy import lean_train
 from tether.policy.chat import is_prefix_preserving, render_chat
-from tether.policy.families import FAMILIES, build_family_model, format_tool_call
+from tether.policy.families import FAMILIES, build_family_model, family_shape, format_tool_call
 from tether.policy.hf import load_policy
 from tether.tasks import make_problems
 from tether.types import Sample, StopReason
@@ -31,8 +29,8 @@ def family_dirs(tmp_path_factory):
     corpus = [compute_corpus_text(p) for p in problems]
     corpus += [format_tool_call(f, "calculator", {"expression": s}) for p in problems for s in p["steps"] for f in FAMILIES]
     root = tmp_path_factory.mktemp("families")
-    return {f: build_family_model(f, root / f, corpus, vocab_size=420, hidden_size=32, num_heads=4, num_kv_heads=2,
-                                  intermediate_size=64) for f in FAMILIES}
+    return {f: build_family_model(f, root / f, corpus, family_shape(vocab_size=420, hidden_size=32, num_heads=4,
+                                                                        intermediate_size=64), num_kv_heads=2) for f in FAMILIES}
 
 
 class Scripted:
@@ -73,8 +71,8 @@ def test_two_turn_tool_episode_trains_on_exactly_the_sampled_tokens(family, fami
     actions = [tok(call, add_special_tokens=False)["input_ids"] + [eot],
                tok(f"Answer: {task['answer']}", add_special_tokens=False)["input_ids"] + [eot]]
     gen = Scripted(actions)
-    groups, m = run_env_rollouts(policy, [task], 1, SamplingConfig(max_new_tokens=64), EnvConfig(max_turns=4),
-                                 generate=gen, on_drift="fail")
+    groups, m = EpisodeRollout(EnvConfig(max_turns=4), on_drift="fail").run(
+        policy, [task], 1, SamplingConfig(max_new_tokens=64), generate=gen)
     traj = groups[0].trajectories[0]
     assert len(traj.turns) == 2 and traj.stop.value == "done" and traj.reward.correct
     assert m["rollout/tokenization_drift_count"] == 0 and m["env/tool_calls"] == 1 and m["env/tool_errors"] == 0

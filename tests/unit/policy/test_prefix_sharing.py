@@ -141,6 +141,7 @@ def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy,
     from tether.policy.hf import is_checkpointing
     from tether.policy.prefix import compute_sequence_logprobs
     from tether.train.setup import setup_policy, setup_problems
+    from tether.rollout import compute_tokenizer_corpus
 
     ids, mask, group = _groups(len(policy.tokenizer))
     out = []
@@ -161,4 +162,4 @@ def test_activation_checkpointing_turns_sharing_off_and_keeps_the_result(policy,
     cfg = load_config(None, ["data.task=arith", "data.train_size=20", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
                              "model.tiny.intermediate_size=64", "model.gradient_checkpointing=true"])
     train, _ = setup_problems(cfg.data)
-    assert is_checkpointing(setup_policy(cfg.model, cfg.data, cfg.run.seed, tmp_path, train).model)
+    assert is_checkpointing(setup_policy(cfg.model, cfg.run.seed, tmp_path, lambda: compute_tokenizer_corpus(cfg.data.task, train)).model)

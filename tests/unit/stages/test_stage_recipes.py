@@ -17,7 +17,7 @@ from tether.recipes.dpo import _accepted_vs_failed, _short_vs_long, load_pair_ro
 from tether.recipes.merge import read_state_dict, write_model
 from tether.recipes.multistage import plan_stages
 from tether.recipes.rs_sft import build_rs_records, select_accepted
-from tether.recipes.stage_common import check_same_tokenizer, find_error_turns, mask_error_turns
+from tether.recipes.stage_common import find_error_turns, mask_error_turns
 from tether.tasks import DataError
 from tether.types import RewardResult, StopReason, Trajectory, TrajectoryGroup, Turn
 
@@ -107,9 +107,12 @@ def test_teacher_with_another_tokenizer_is_refused():
 
     a = build_tokenizer(["abc abc abd"] * 20, 300)
     b = build_tokenizer(["xyz xyz hello"] * 20, 300)
-    check_same_tokenizer(a, a, "same")
-    with pytest.raises(ConfigError, match="distill.teacher=other: its tokenizer differs.*same base model"):
-        check_same_tokenizer(a, b, "other")
+    from tether.errors import InputError
+    from tether.preflight_models import check_same_vocab
+
+    check_same_vocab(a, a, "distill.teacher=same", "model.path=s")
+    with pytest.raises(InputError, match="distill.teacher=other: its tokenizer differs.*same base model"):
+        check_same_vocab(a, b, "distill.teacher=other", "model.path=s")
 
 
 def _write(tmp_path, text: str):

@@ -54,7 +54,7 @@ def test_verl_row_is_accepted_as_is():
 def test_missing_key_names_file_row_and_available_keys():
     with pytest.raises(DataError, match=r"f.jsonl: row 4: no key 'solution' \(available keys: \['prompt', 'q'\]\)"):
         make_problem({"prompt": "x", "q": 1}, "f.jsonl: row 4", 4, "prompt", "solution", "f")
-    with pytest.raises(DataError, match=r"row 0: prompt message 0 must be"):
+    with pytest.raises(DataError, match=r"row 0: prompt message 0 has no text content"):
         make_problem({"prompt": [{"role": "user"}], "answer": 1}, "row 0", 0, "prompt", "answer", "f")
 
 
@@ -98,7 +98,7 @@ def test_malformed_and_missing_keys_through_the_cli(tmp_path):
     jl.write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n" + json.dumps({"prompt": 5, "answer": 1}) + "\n")
     r = runner.invoke(app, ["train", str(_config(tmp_path)), *TINY, "data.task=hf", f"data.path={jl}",
                             "--run-dir", str(tmp_path / "r2")])
-    assert r.exit_code == 2 and f"{jl}: row 1: the prompt (prompt) must be a string or a list of chat messages" \
+    assert r.exit_code == 2 and f"{jl}: row 1: prompt must be a string or a list of chat messages" \
         in r.output, r.output
     assert "Traceback" not in r.output
 
@@ -139,13 +139,13 @@ def test_the_docs_one_command_on_a_qwen_directory_and_a_parquet_file(tmp_path):
     """docs/byo.md: `tether train configs/byo.yaml model.path=<Qwen dir> data.path=<file.parquet>`."""
     from pathlib import Path
 
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
 
     config = Path(__file__).resolve().parents[3] / "configs" / "byo.yaml"
     parquet = tmp_path / "train.parquet"
     datasets.Dataset.from_list(_verl_rows(30)).to_parquet(str(parquet))
-    qwen = build_family_model("qwen2", tmp_path / "qwen", [f"{i}+{i}= {2 * i}" for i in range(30)], hidden_size=32,
-                              intermediate_size=64)
+    qwen = build_family_model("qwen2", tmp_path / "qwen", [f"{i}+{i}= {2 * i}" for i in range(30)],
+                              family_shape(hidden_size=32, intermediate_size=64))
     small = ["train.steps=1", "rollout.n=2", "rollout.problems_per_step=2", "rollout.sampling.max_new_tokens=4",
              "eval.sampling.max_new_tokens=4", "eval.samples=1", "eval.problems=2", "reward.isolation=inline",
              "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=0", "run.threads=1"]

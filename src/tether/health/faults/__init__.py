@@ -103,6 +103,20 @@ class Fault:
         """Put a config value in force from this step on (`st.settings`, tether.settings)."""
         st.settings.set(path, value, source=f"fault {self.name}", step=int(st.step) + 1)
 
+    def wrap_first_reward(self, st: Any, cfg: Any, wrapper: str, **kwargs: Any) -> bool:
+        """Put the reward `wrapper` (`package.module:function`, called with `inner=` the wrapped
+        component's name and `kwargs`) around the first reward component, from this step on; the
+        correctness component follows when it was the first. False when it is wrapped already."""
+        comps = list(cfg.reward.components)
+        first = comps[0]
+        if first.name == wrapper:
+            return False
+        comps[0] = first.model_copy(update={"name": wrapper, "kwargs": {"inner": first.name, **kwargs}})
+        self.set(st, "reward.components", comps)
+        if cfg.reward.correctness in (None, first.name):
+            self.set(st, "reward.correctness", wrapper)
+        return True
+
     def coin(self, *key: Any) -> float:
         """A reproducible uniform number in [0, 1) for `key` (never touches the run's RNGs)."""
         h = hashlib.blake2b(repr((self.name, self.seed) + key).encode(), digest_size=8).digest()

@@ -83,16 +83,8 @@ class NanReward(Fault):
     severities = {"subtle": {"p": 0.1}, "obvious": {"p": 0.4}}
 
     def begin_step(self, st, cfg, step):
-        comps = list(cfg.reward.components)
-        if comps[0].name.endswith(":nan_sometimes"):
-            return
-        _NAN_RNG.seed(self.seed)
-        first = comps[0]
-        comps[0] = first.model_copy(update={"name": "tether.health.faults.reported:nan_sometimes",
-                                            "kwargs": {"inner": first.name, "p": self.p["p"]}})
-        self.set(st, "reward.components", comps)
-        if cfg.reward.correctness in (None, first.name):
-            self.set(st, "reward.correctness", comps[0].name)
+        if self.wrap_first_reward(st, cfg, "tether.health.faults.reported:nan_sometimes", p=self.p["p"]):
+            _NAN_RNG.seed(self.seed)
 
 
 # ----------------------------------------------------------------------------- optimisation

@@ -107,17 +107,8 @@ class RewardErrors(Fault):
     severities = {"subtle": {"p": 0.08}, "obvious": {"p": 0.3}}
 
     def begin_step(self, st, cfg, step):
-        comps = list(cfg.reward.components)
-        first = comps[0]
-        if first.name.endswith(":flaky"):
-            return
-        _FLAKY.seed(self.seed)
-        wrapped = first.model_copy(update={"name": "tether.health.faults.reward:flaky",
-                                           "kwargs": {"inner": first.name, "p": self.p["p"]}})
-        comps[0] = wrapped
-        self.set(st, "reward.components", comps)
-        if cfg.reward.correctness in (None, first.name):
-            self.set(st, "reward.correctness", wrapped.name)
+        if self.wrap_first_reward(st, cfg, "tether.health.faults.reward:flaky", p=self.p["p"]):
+            _FLAKY.seed(self.seed)
 
 
 def length_judge(text: str, task: Mapping[str, Any], *, bias: float = 0.8, chars: int = 6) -> float:

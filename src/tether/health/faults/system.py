@@ -83,15 +83,7 @@ class SlowReward(Fault):
     severities = {"subtle": {"delay": 0.003}, "obvious": {"delay": 0.006}}
 
     def begin_step(self, st, cfg, step):
-        comps = list(cfg.reward.components)
-        if comps[0].name.endswith(":slow"):
-            return
-        first = comps[0]
-        comps[0] = first.model_copy(update={"name": "tether.health.faults.system:slow",
-                                            "kwargs": {"inner": first.name, "delay": self.p["delay"]}})
-        self.set(st, "reward.components", comps)
-        if cfg.reward.correctness in (None, first.name):
-            self.set(st, "reward.correctness", comps[0].name)
+        self.wrap_first_reward(st, cfg, "tether.health.faults.system:slow", delay=self.p["delay"])
 
 
 @register_fault

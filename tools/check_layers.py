@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("preflight", "preflight_models", "config_fit"),
     ("recipes",),
-    ("api", "sweep_prepare", "sweep", "report", "show", "plan"),
+    ("api", "sweep_prepare", "sweep", "report", "plan"),
     ("commands",),
     ("cli", "__init__"),
 ]

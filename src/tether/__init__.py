@@ -20,7 +20,9 @@ Names are imported on first use, so `import tether` stays cheap (no torch until 
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
@@ -28,16 +30,9 @@ __version__ = "0.1.0"
 _API = {
     "load_config": "tether.api.training", "sft": "tether.api.training", "train": "tether.api.training",
     "evaluate": "tether.api.evaluate", "export": "tether.api.export", "open_run": "tether.api.run", "Run": "tether.api.run",
-    "doctor": "tether.api.doctor", "Env": "tether.envs.base", "RewardFn": "tether.rewards.base",
+    "doctor": "tether.api.doctor", "show": "tether.api.show", "Env": "tether.envs.base", "RewardFn": "tether.rewards.base",
     "Rollout": "tether.rollout",
 }
-
-
-def show(run: Any) -> str:
-    """The `tether show` text of a run (a path or a Run)."""
-    from tether.show import render_run_summary
-
-    return render_run_summary(getattr(run, "path", run))
 
 
 def __getattr__(name: str) -> Any:
@@ -52,4 +47,25 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_API])
 
 
-__all__ = ["__version__", "show", *_API]
+class _CallablePackage(ModuleType):
+    """A subpackage that shares its name with an API function: `tether.train` is both `tether.train(cfg)`
+    and the engine package `tether/train/`. Importing `tether.train.setup` binds the package on `tether`
+    in place of the function; a call of the package is the function's (so `tether.sft(...)`, which imports
+    the engine, then `tether.train(...)` works, and `tether.train.setup` still names the module)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = self.__name__.rsplit(".", 1)[1]
+        return getattr(import_module(_API[name]), name)(*args, **kwargs)
+
+
+class _Tether(ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _API and isinstance(value, ModuleType) and not isinstance(value, _CallablePackage):
+            value.__class__ = _CallablePackage  # the import system binding a subpackage (see _CallablePackage)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Tether
+
+
+__all__ = ["__version__", *_API]

@@ -113,7 +113,7 @@ def eval_cmd(
 @app.command()
 def show(run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline, a sweep, ...)")) -> None:
     """A summary of a run: kind, result model, config highlights, metrics, stages or arms, checkpoints."""
-    from tether.show import render_run_summary
+    from tether.api.show import render_run_summary
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: not a directory")

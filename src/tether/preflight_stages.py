@@ -49,11 +49,12 @@ class Lineage:
         if self.cfg.model.path:
             return load_tokenizer(self.cfg.model.path, "model.path")
         from tether.policy.tiny import build_tokenizer
-        from tether.train.setup import setup_problems, tokenizer_corpus
+        from tether.rollout import compute_tokenizer_corpus
+        from tether.train.setup import setup_problems
 
         with contextlib.redirect_stdout(io.StringIO()):  # the recipe prints its data notices itself
             train, _ = setup_problems(self.cfg.data)
-        return build_tokenizer(tokenizer_corpus(self.cfg.data, train), self.cfg.model.tiny.vocab_size)
+        return build_tokenizer(compute_tokenizer_corpus(self.cfg.data.task, train), self.cfg.model.tiny.vocab_size)
 
     @cached_property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -165,13 +166,11 @@ def _check_merge(cfg: TetherConfig, names: dict[str, TetherConfig], earlier: lis
 
 def _merge_shapes(ref: str, what: str, names: dict[str, TetherConfig], previous: tuple[Any, TetherConfig] | None,
                   lineage: Lineage) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes merging `ref` will read: a directory's, or the lineage's for a stage (LoRA refused)."""
+    """The tensor shapes merging `ref` will read: a directory's, or the lineage's for a stage (a LoRA stage's
+    adapter is merged into its base first, so its shapes are the lineage's too: tether.recipes.merge)."""
     stage = names.get(ref)
     if ref == "previous":
         if previous is None and not lineage.cfg.model.path:
             raise InputError(f"{what}=previous: the pipeline's first stage has no incoming model; set model.path")
         stage = previous[1] if previous else None
-    if stage is not None and stage.model.lora is not None:
-        raise InputError(f"{what}={ref}: that stage trains LoRA adapters (model.lora) and hands on an adapter, which "
-                         "cannot be merged in weight space; merge stages that train the full model")
     return lineage.shapes if stage is not None or ref == "previous" else read_shapes(ref, what)

@@ -28,6 +28,19 @@ def test_the_documented_names_are_importable_from_tether():
         tether.no_such_name  # noqa: B018
 
 
+def test_tether_train_stays_the_api_function_after_the_engine_package_is_imported(tmp_path, monkeypatch):
+    """`tether/train/` (the engine) shares its name with `tether.train(cfg)`: importing the engine (as any
+    run does: tether.sft first, then tether.train) must leave the function callable and the package usable."""
+    import tether
+    import tether.train.setup  # binds the package on `tether`, as every run's import of the engine does
+    from tether.api import training
+
+    calls = []
+    monkeypatch.setattr(training, "train", lambda *a, **k: calls.append((a, k)) or "run")
+    assert tether.train("cfg", "runs/x", resume=True) == "run" and calls == [(("cfg", "runs/x"), {"resume": True})]
+    assert tether.train.setup.setup_problems is not None and callable(tether.sft)
+
+
 def test_a_user_reward_function_satisfies_the_protocol():
     import tether
 

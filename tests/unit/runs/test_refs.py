@@ -52,8 +52,13 @@ def test_eval_export_and_show_of_a_moved_run_from_another_folder(tmp_path, monke
     monkeypatch.chdir(proj)
     r = tether("sft", "c.yaml", "--run-dir", "runs/s")  # every path relative to the project folder
     assert r.exit_code == 0, r.output
+    pairs = [{"prompt": w, "chosen": w[::-1], "rejected": w} for w in ("abc", "hello", "tether", "model", "cat", "dog")]
+    (proj / "data" / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    r = tether("rm", "c.yaml", "model.path=runs/s/final_model", "rm.pairs=data/pairs.jsonl", "rm.steps=2",
+               "rm.batch_size=2", "--run-dir", "runs/rm")
+    assert r.exit_code == 0, r.output
     r = tether("train", "c.yaml", "train.steps=1",
-               "reward.components=[{name: exact_match}, {name: reward_model, weight: 0.1, kwargs: {path: runs/s/final_model}}]",
+               "reward.components=[{name: exact_match}, {name: reward_model, weight: 0.1, kwargs: {path: runs/rm/final_model}}]",
                "model.path=runs/s/final_model", "--run-dir", "runs/rl")
     assert r.exit_code == 0, r.output
     rec = json.loads((proj / "runs" / "rl" / "run.json").read_text())

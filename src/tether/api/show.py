@@ -165,3 +165,8 @@ def render_run_summary(run_dir: str | Path) -> str:
         n = sum(1 for _ in health.open())
         lines.append(f"health events: {n} (tether doctor {run.path})")
     return "\n".join(lines)
+
+
+def show(run: Any) -> str:
+    """The `tether show` text of a run (a path or a Run): `tether.show(run)`."""
+    return render_run_summary(getattr(run, "path", run))

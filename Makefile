@@ -54,6 +54,9 @@ $(OPENENV_STAMP): Makefile
 $(VERIFIERS_STAMP): Makefile
 	test -x $(VENV_VERIFIERS)/bin/python || $(PYTHON) -m venv $(VENV_VERIFIERS)
 	$(VENV_VERIFIERS)/bin/python -m pip install --quiet verifiers==0.4.0 uv
+	# the wheels of the chat program verifiers' harness runs (a uv script): episodes then read them from here
+	# (vf1_driver.py sets UV_NO_INDEX), so the tests send nothing beyond loopback
+	$(VENV_VERIFIERS)/bin/python src/tether/envs/vf1_driver.py wheels $(VENV_VERIFIERS)/wheels
 	touch $@
 
 demo: $(STAMP)

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("eval",),
     ("dist",),
     ("config",),
-    ("preflight", "preflight_models", "config_fit"),
+    ("preflight", "preflight_stages", "config_fit"),
     ("recipes",),
     ("api", "sweep_prepare", "sweep", "report", "plan"),
     ("commands",),

@@ -6,7 +6,7 @@ duplicate ids: tether.tasks; every row of a `datasets` source, tether.tasks.fiel
 components' model references hold (tether.rewards), a `model.path` directory holds a config, a
 tokenizer that fits the model's embedding and, when prompts are chat-templated (data.chat, or
 rows of chat messages), a chat template that renders them, and `model.lora.target_modules` name
-modules the model has (tether.preflight_models). Only tokenizers, config.json and safetensors
+modules the model has (tether.policy.checks). Only tokenizers, config.json and safetensors
 headers are read here, not the weights, so a bad input costs seconds. Pipelines run the same
 checks for every stage before the first one (tether.preflight_stages).
 
@@ -109,7 +109,7 @@ def check_config_inputs(cfg: TetherConfig) -> None:
     if cfg.model.path:
         check_model_path(cfg, needs, [p for p in problems if cfg.data.chat or p.get("messages")])
     if cfg.model.lora is not None:
-        from tether.preflight_models import build_skeleton, check_lora_targets
+        from tether.policy.checks import build_skeleton, check_lora_targets
 
         check_lora_targets(build_skeleton(cfg.model.path, cfg.model.tiny), cfg.model.lora)
 

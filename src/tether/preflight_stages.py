@@ -11,8 +11,8 @@ targets: tether.preflight) and what its kind needs:
   student's tokenizer (their sampled ids train the student);
 - rs_sft: a readable `mix_path`;
 - merge: enough models and weights, linear weights summing to 1, a base for task arithmetic, and
-  every model (directories, stage names, `previous`) with the same tensors and shapes; a stage that
-  trains LoRA hands on an adapter, which cannot be merged.
+  every model (directories, stage names, `previous`) with the same tensors and shapes (a stage that
+  trains LoRA hands on an adapter, which the merge folds into its base first: the lineage's shapes).
 
 Every stage of a pipeline descends from one starting model (`model.path`, or the tiny model the
 first stage builds), so the student's tokenizer and tensor shapes are those of that model: the
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from tether.config import TetherConfig, build_config
 from tether.errors import InputError, UserError
 from tether.preflight import check_config_inputs, check_steps
-from tether.preflight_models import (CAUSAL_LM, build_skeleton, check_model_kind, check_same_vocab, find_shape_mismatch,
+from tether.policy.checks import (CAUSAL_LM, build_skeleton, check_model_kind, check_same_vocab, find_shape_mismatch,
                                      load_tokenizer, read_shapes, skeleton_shapes)
 
 STEP_KINDS = {"rl": "rl", "distill": "rl", "sft": "sft", "rs_sft": "sft"}  # which steps setting a kind trains
@@ -129,9 +129,9 @@ def _check_dpo(cfg: TetherConfig, names: dict[str, TetherConfig], lineage: Linea
     if d.pairs == "file":
         if not d.pairs_path:
             raise InputError("dpo.pairs=file needs dpo.pairs_path=<JSONL of {prompt, chosen, rejected}>")
-        from tether.recipes.dpo import load_pair_rows
+        from tether.tasks import read_jsonl_fields
 
-        load_pair_rows(d.pairs_path)
+        read_jsonl_fields(d.pairs_path, ("prompt", "chosen", "rejected"), "dpo.pairs_path")  # recipes.dpo's rows
     elif d.pairs == "delta":
         for key in ("strong_model", "weak_model"):
             _check_student_model(getattr(d, key), f"dpo.{key}", names, lineage,

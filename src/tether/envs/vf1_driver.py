@@ -9,6 +9,9 @@ imported by tether.
         -> one JSON line: [{"idx": 0, "prompt": "..."}, ...]        (the taskset's tasks)
     python vf1_driver.py run TASKSET_ID ARGS_JSON IDX BASE_URL EPISODE_ID TIMEOUT_S
         -> one JSON line: {"reward": r, "error": null | "..."}         (one episode, scored)
+    python vf1_driver.py wheels DIR
+        -> the wheels of the chat program's packages (its PEP 723 header) downloaded into DIR;
+           `make` runs this when it builds the virtualenv, the install step's only index traffic
 
 An episode is verifiers' own: `SingleAgentEnv` over the taskset, its `null` harness (the chat
 program verifiers ships, run as a local subprocess) whose model calls go through verifiers'
@@ -67,9 +70,44 @@ async def run_episode(taskset_id: str, args: dict, idx: int, base_url: str, epis
     return {"reward": float(trace.reward), "error": None}
 
 
+def wheelhouse() -> str:
+    """The folder `make` fills with the chat program's wheels: beside this virtualenv's bin/."""
+    return os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "wheels")
+
+
+def download_wheels(dest: str) -> None:
+    """Download the chat program's dependencies (and theirs) as wheels for this interpreter into `dest`."""
+    import re
+    import subprocess
+
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+
+    header = re.search(r"^# dependencies = (\[.*\])$", CHAT_PROGRAM_SOURCE, re.MULTILINE)
+    if header is None:
+        raise SystemExit("vf1_driver: the chat program has no PEP 723 dependency line (a verifiers change?)")
+    deps = json.loads(header.group(1))
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", dest, *deps],
+                   check=True)
+
+
+def use_local_packages() -> None:
+    """verifiers' harness syncs its chat program's environment with uv (and sets UV_OFFLINE=false for it):
+    point uv at the wheelhouse `make` filled and no Python download, so that an episode sends nothing
+    beyond loopback. `--no-index` has no environment variable: the wheelhouse is also the default index,
+    a local folder index with no package folders, so every candidate comes from the wheels (find-links).
+    Without a wheelhouse uv falls back to its index (a manual setup)."""
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")  # our uv first
+    wheels = wheelhouse()
+    if os.path.isdir(wheels):
+        os.environ.update(UV_DEFAULT_INDEX=f"file://{wheels}", UV_FIND_LINKS=wheels, UV_PYTHON_DOWNLOADS="never",
+                          UV_PYTHON=sys.executable)
+
+
 def main(argv: list[str]) -> None:
-    # verifiers' harness runs its chat program with uv: this virtualenv's uv (`make` installs it) comes first
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    if argv[0] == "wheels":
+        download_wheels(argv[1])
+        return
+    use_local_packages()
     cmd, taskset_id, args = argv[0], argv[1], json.loads(argv[2])
     if cmd == "list":
         out: object = list_tasks(taskset_id, args)

@@ -42,7 +42,7 @@ def apply_lora(model: torch.nn.Module, cfg: Any, base_path: str | Path | None = 
     """Inject LoRA layers (`cfg`: r, alpha, dropout, target_modules) into `model`; returns the
     injected model with only the adapter weights trainable. `base_path`: the directory holding the
     base weights, recorded in every saved adapter (adapter_config.json base_model_name_or_path)."""
-    from tether.preflight_models import check_target_names, describe_peft_refusal
+    from tether.policy.checks import check_target_names, describe_peft_refusal
 
     peft = _peft()
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)

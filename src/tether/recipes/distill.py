@@ -62,7 +62,7 @@ def run_distill(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) ->
     if not cfg.distill.teacher:
         raise ConfigError("distill needs a teacher: set distill.teacher=<model dir> (or an earlier stage's name)")
     teacher = load_model_dir(cfg.distill.teacher, cfg, "distill.teacher")
-    from tether.preflight_models import check_same_vocab
+    from tether.policy.checks import check_same_vocab
     from tether.preflight_stages import Lineage
 
     student = Lineage(cfg)  # model.path's tokenizer, or the tiny model's as run_rl will build it: any stage order

@@ -152,7 +152,7 @@ def _check_judge_kwargs(kwargs: Mapping[str, Any]) -> None:
     if base_url is not None and not str(base_url).startswith(("http://", "https://")):
         raise ValueError(f"kwargs.base_url={base_url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
     if model is not None and model != "policy":
-        from tether.preflight_models import CAUSAL_LM, check_model_kind
+        from tether.policy.checks import CAUSAL_LM, check_model_kind
 
         check_model_kind(model, CAUSAL_LM, "kwargs.model")
     try:

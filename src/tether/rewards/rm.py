@@ -162,7 +162,7 @@ def reward_model(texts: Sequence[str], tasks: Sequence[Mapping[str, Any]], path:
 
 def _check_reward_model_kwargs(kwargs: Mapping[str, Any]) -> None:
     """`path` is a reward-model directory (one-label *ForSequenceClassification), `normalize` a known mode."""
-    from tether.preflight_models import REWARD_MODEL, check_model_kind
+    from tether.policy.checks import REWARD_MODEL, check_model_kind
 
     if kwargs.get("normalize", "none") not in NORMALIZE:
         raise ValueError(f"kwargs.normalize={kwargs['normalize']!r}: valid: {', '.join(NORMALIZE)}")

@@ -99,8 +99,8 @@ class BadInput:
     def call(self, fn: Callable[..., Any], *args: Any, field: str, fragments: Sequence[str] = (),
              exc: type[BaseException] | None = None, **kwargs: Any) -> BaseException:
         """`fn(*args, **kwargs)` must raise a user error (`exc`, default tether.errors.UserError) that the
-        command line would print as one line with exit code 2 (tether.cli.describe_error)."""
-        from tether.cli import describe_error
+        command line would print as one line with exit code 2 (tether.commands.common.describe_error)."""
+        from tether.commands.common import describe_error
         from tether.errors import UserError
 
         with pytest.raises(exc or UserError) as info:

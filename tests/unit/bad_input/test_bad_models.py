@@ -1,4 +1,4 @@
-"""Model settings refused before weights load (tether.preflight, tether.preflight_models): LoRA target
+"""Model settings refused before weights load (tether.preflight, tether.policy.checks): LoRA target
 modules the model does not have, chat templates that are missing or refuse the data's messages,
 reward-model and judge references (docs/errors.md, "LoRA", "Chat templates", "Reward models and judges")."""
 
@@ -42,7 +42,7 @@ def test_apply_lora_names_the_setting_not_peft(bad_input):
     """The runtime path (a model built in memory) refuses with the same line, not peft's ValueError."""
     from tether.config import LoraConfig
     from tether.policy.lora import apply_lora
-    from tether.preflight_models import build_skeleton
+    from tether.policy.checks import build_skeleton
 
     from tether.config import TinyModelConfig
 

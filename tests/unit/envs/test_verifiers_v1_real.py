@@ -3,7 +3,7 @@
 verifiers 0.4 lives in its own virtualenv (`.venv-verifiers`, built by `make test`: it pins openai < 3
 and mcp 2.0, older than tether's). tether lists a taskset's tasks and plays each episode with
 `tether/envs/vf1_driver.py` run by that virtualenv's interpreter: verifiers' own `SingleAgentEnv`,
-its `null` harness (the chat program it ships, synced by uv and run as a local subprocess) and its
+its `null` harness (the chat program it ships, synced by uv from the wheels `make` downloaded, run as a local subprocess) and its
 interception proxy, calling tether's OpenAI-compatible endpoint (streamed, as that program asks), then
 the taskset's `@reward`. The taskset is tests/unit/envs/vf1/tether_vf1_reverse.py.
 """
@@ -81,3 +81,19 @@ def test_tether_trains_on_a_verifiers_04_taskset(model_dir, tmp_path):
     trained = [r for r in rows if "pg_loss" in r]
     assert summary["steps"] == 1 and [r["step"] for r in trained] == [1]
     assert all(r["harness/error_rate"] == 0.0 and r["harness/calls_mean"] >= 1.0 for r in trained)
+
+
+def test_episodes_read_the_chat_programs_packages_from_the_wheelhouse(monkeypatch):
+    """verifiers syncs its chat program with uv (UV_OFFLINE=false): the driver points uv at the wheels `make`
+    downloaded, so that a test episode sends nothing beyond loopback (checked by hand in a network namespace
+    with only loopback: the three tests above pass)."""
+    from tether.envs import vf1_driver
+
+    wheels = VENV / "wheels"
+    assert any(p.name.startswith("mcp-2.0.0-") for p in wheels.glob("*.whl")), f"{wheels}: run `make extra-venvs`"
+    monkeypatch.setattr(vf1_driver.sys, "executable", str(VENV / "bin" / "python"))
+    env = {"PATH": "/usr/bin"}
+    monkeypatch.setattr(vf1_driver.os, "environ", env)
+    vf1_driver.use_local_packages()
+    assert env["UV_DEFAULT_INDEX"] == f"file://{wheels}" and env["UV_FIND_LINKS"] == str(wheels)
+    assert env["UV_PYTHON_DOWNLOADS"] == "never" and env["PATH"].startswith(str(VENV / "bin"))

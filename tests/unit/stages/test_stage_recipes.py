@@ -108,7 +108,7 @@ def test_teacher_with_another_tokenizer_is_refused():
     a = build_tokenizer(["abc abc abd"] * 20, 300)
     b = build_tokenizer(["xyz xyz hello"] * 20, 300)
     from tether.errors import InputError
-    from tether.preflight_models import check_same_vocab
+    from tether.policy.checks import check_same_vocab
 
     check_same_vocab(a, a, "distill.teacher=same", "model.path=s")
     with pytest.raises(InputError, match="distill.teacher=other: its tokenizer differs.*same base model"):

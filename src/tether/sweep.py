@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from tether.errors import InputError
 from tether.io.run_dir import do_append_jsonl, write_text_atomic
 from tether.runs.engine import Member, Outcome, Plan, member_rows, run_members
 from tether.runs.lifecycle import do_set_members
@@ -61,8 +62,9 @@ from tether.sweep_prepare import RunHooks, referenced, run_prepare, substitute
 COMMANDS = ("train", "pipeline", "sft")
 
 
-class SweepError(ValueError):
-    """Invalid sweep input (grid, seeds, spec mismatch on resume); the CLI prints it in one line."""
+class SweepError(InputError):
+    """Invalid sweep input (grid, seeds, spec mismatch on resume); the CLI prints it in one line (a
+    UserError: exit 2, and a ValueError as before)."""
 
 
 @dataclass(frozen=True)

@@ -114,16 +114,16 @@ def _members_report(run: Run) -> dict[str, Any]:
 
 
 def format_doctor(rep: dict[str, Any]) -> str:
-    """The report as text: one status line per run (and per member), then the RL details."""
+    """The report as text: an RL-style run's is the health doctor's (findings, hypotheses, repairs: its
+    kind on the first line); any other run's one status line (and one per member)."""
     from tether.health.doctor import format_report
 
+    if rep.get("kind") in (*RL_KINDS, None) and rep["status"] != NOTHING and "hypotheses" in rep:
+        lines = format_report(rep).splitlines()
+        return "\n".join([f"{lines[0]}  ({rep.get('kind') or 'run'})", *lines[1:]])
     lines = [f"run: {rep['run_dir']} ({rep.get('kind') or 'run'})", f"status: {rep['status']} - {rep['verdict']}"]
     for m in rep.get("members", []):
         lines.append(f"  {m['name']:24s} {m.get('kind') or '?':8s} {m['status']}: {m['verdict']}")
-    if rep.get("kind") in RL_KINDS and rep["status"] != NOTHING and rep.get("findings") is not None and "hypotheses" in rep:
-        detail = "\n".join(format_report(rep).splitlines()[2:]).strip("\n")  # its run/status lines: replaced above
-        if detail:
-            lines += ["", detail]
     return "\n".join(lines)
 
 

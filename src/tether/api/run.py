@@ -26,7 +26,7 @@ from tether.runs.result import Result, resolve_result
 
 
 class NotARun(UserError, FileNotFoundError):
-    """The directory is not a tether run (no run.json, config.yaml or summary.json)."""
+    """The directory is not a tether run (no run.json, config.yaml, summary.json or metrics.jsonl)."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -132,8 +132,8 @@ def open_run(path: str | Path) -> Run:
         raise NotARun(f"{p}: no such directory (a run directory is expected)")
     record = read_record(p)
     kind = infer_kind(p, record)
-    if kind is None and not any((p / f).is_file() for f in ("config.yaml", "run.json", "summary.json")):
-        raise NotARun(f"{p}: not a tether run directory (no run.json, config.yaml or summary.json)")
+    if kind is None and not any((p / f).is_file() for f in ("config.yaml", "run.json", "summary.json", "metrics.jsonl")):
+        raise NotARun(f"{p}: not a tether run directory (no run.json, config.yaml, summary.json or metrics.jsonl)")
     return Run(p, record, kind)
 
 

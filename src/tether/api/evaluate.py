@@ -92,6 +92,7 @@ def _eval_policy(t: Target, out_dir: Path, plot: bool) -> tuple[dict[str, Any], 
     from tether.eval.runner import run_eval
     from tether.policy.hf import load_policy
     from tether.rollout import make_rollout
+    from tether.rollout.prompt_format import run_format_check
     from tether.train.setup import configure_process, seed_run, setup_problems
 
     cfg = t.cfg
@@ -101,6 +102,9 @@ def _eval_policy(t: Target, out_dir: Path, plot: bool) -> tuple[dict[str, Any], 
     _, held_out = setup_problems(cfg.data)
     extra: dict[str, Any] = {}
     rollout = make_rollout(cfg)  # the run's own rollout: single-turn samples or environment episodes
+    fmt = run_format_check(cfg, rollout, held_out, "this evaluation", t.model)  # chat vs raw (a warning)
+    if getattr(rollout, "checks_prompt_format", False):  # an agent harness: its endpoint checks against this model
+        rollout.prompt_format = fmt["model_prompt_format"]
     metrics, rows = run_eval(policy, held_out, cfg.eval, rollout, cfg.reward, seed=cfg.run.seed + 17, curves_out=extra)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = []
@@ -114,7 +118,7 @@ def _eval_policy(t: Target, out_dir: Path, plot: bool) -> tuple[dict[str, Any], 
     payload = {"model": str(t.model), "note": t.note, "task": cfg.data.task, "rollout": rollout.kind, "metrics": metrics,
                "best_of": extra["best_of"], "sampling": cfg.eval.sampling.model_dump(), "samples_per_problem": cfg.eval.samples,
                "curves": {name: {str(k): v for k, v in curve.items()} for name, curve in extra["curves"].items()},
-               "pass_rates": extra["pass_rates"], "plots": plots, "samples": rows[:50]}
+               "pass_rates": extra["pass_rates"], "plots": plots, "samples": rows[:50], **fmt}
     path = out_dir / "eval.json"
     path.write_text(json.dumps(sanitize_json(payload)[0], indent=2))
     return {"model": str(t.model), "task": cfg.data.task, "rollout": rollout.kind, **metrics}, path

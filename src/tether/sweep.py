@@ -236,11 +236,12 @@ def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = No
 # The summary.json keys each command's runs write (tests/unit/runs/test_matrix.py checks them against real runs).
 _RL_KEYS = ("steps", "interrupted", "wall_seconds", "cpu_seconds", "baseline_accuracy", "final_accuracy",
             "baseline_greedy_accuracy", "final_greedy_accuracy", "final_eval", "nonfinite_steps", "health", "reward_caps",
-            "precision", "compile", "kind")
+            "precision", "compile", "kind", "prompt_format", "model_prompt_format", "prompt_format_warning",
+            "prompts_skipped")
 SUMMARY_KEYS = {
     "train": _RL_KEYS,
     "sft": ("kind", "steps", "final_loss", "final_model", "wall_seconds", "cpu_seconds", "interrupted", "precision",
-            "nonfinite_steps"),
+            "nonfinite_steps", "prompt_format", "sft_empty_targets"),
     "pipeline": ("kind", "task", "context_builder", "seed", "stages", "interrupted_in", "complete", "baseline_accuracy",
                  "final_accuracy", "accuracy_lift", "baseline_greedy_accuracy", "final_greedy_accuracy", "final_turns_mean",
                  "final_answer_tokens", "rl_steps", "precision", "sft_run", "rl_run", "wall_seconds", "cpu_seconds",

@@ -62,7 +62,7 @@ def git(*a):
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 res["provenance"] = {
     "command": " ".join(["bash benchmarks/faultbench_extended.sh", str(workers), *extra]), "commit": git("rev-parse", "HEAD") or "unknown",
-    "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "started": start, "out": str(out),
+    "dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if git("rev-parse", "HEAD") else None, "started": start, "out": str(out),
     "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
     "workers": workers, "runs_reused": reused, "loadavg_before": load_before,
     "loadavg_after": open("/proc/loadavg").read().strip(),

@@ -27,7 +27,8 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
     update/kl_live        1 when the KL term added to the loss carries a gradient to the policy
                           (its coefficient on, KL in the loss), 0 when it does not; absent otherwise
 
-`update/logp_gain` costs two no-grad forwards of a few rows (one when pi_old is scored anyway);
+`update/logp_gain` costs one no-grad forward of a few rows after the update (before it, their
+log-probs are pi_old's when it is scored, else - one pass, one mini-batch - the training forward's);
 the rest reuses what the update computes (the weight copy of `do_checked_step`, the loss terms).
 `time/probes` logs their time (the probe forwards and the step statistics).
 """
@@ -51,8 +52,17 @@ def choose_probe_rows(adv_BT: torch.Tensor, mask_BT: torch.Tensor, k: int) -> to
     return live[pick]
 
 
+def fill_probe_rows(rows: torch.Tensor, before_KT: torch.Tensor, batch_rows: torch.Tensor, logp_BT: torch.Tensor) -> None:
+    """Copy the probe `rows`' log-probs out of a micro-batch's forward into `before_KT` (`batch_rows`:
+    the micro-batch's rows' indices in the batch; its length may be trimmed to its longest row)."""
+    for i, b in enumerate(batch_rows.tolist()):
+        hit = (rows == b).nonzero()
+        if hit.numel():
+            before_KT[int(hit[0, 0]), : logp_BT.shape[1]] = logp_BT[i].to(before_KT)
+
+
 def probe_size(rows: int) -> int:
-    """Probe rows of a batch of `rows` sequences: 1/16 of it, 4 to 16 (two no-grad forwards of them
+    """Probe rows of a batch of `rows` sequences: 1/16 of it, 4 to 16 (a no-grad forward or two of them
     cost ~2% of the update's forward and backward over every row)."""
     return min(16, max(4, rows // 16))
 
@@ -109,4 +119,4 @@ class NormCheck:
         return {"update/norm_ratio": 1.0 + self.worst}
 
 
-__all__ = ["NormCheck", "choose_probe_rows", "compute_logp_progress", "compute_step_stats", "probe_size"]
+__all__ = ["NormCheck", "choose_probe_rows", "compute_logp_progress", "compute_step_stats", "fill_probe_rows", "probe_size"]

@@ -42,7 +42,8 @@ from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.lora import adapters_disabled
 from tether.policy.prefix import compute_sequence_logprobs
-from tether.train.probes import NormCheck, choose_probe_rows, compute_logp_progress, compute_step_stats, probe_size
+from tether.train.probes import (NormCheck, choose_probe_rows, compute_logp_progress, compute_step_stats, fill_probe_rows,
+                                 probe_size)
 from tether.types import TrainBatch
 
 
@@ -138,6 +139,7 @@ class LossInputs:
     pack: bool = False
     share: str = "off"
     inert: torch.Tensor | None = None
+    logp_sink: list | None = None  # receives the forward's log-probs (detached): the probe's "before" in fused mode
 
 
 def compute_loss_terms(policy: HFPolicy, mb: TrainBatch, norm: AggNorm, algo: AlgoConfig, temperature: float,
@@ -146,6 +148,8 @@ def compute_loss_terms(policy: HFPolicy, mb: TrainBatch, norm: AggNorm, algo: Al
     present) and its metrics; `compose_loss` adds them up (a fault seam sits in between)."""
     old_logp_BT, ref_logp_BT, critic = inp.old_logp_BT, inp.ref_logp_BT, inp.critic
     logp, ent = _score(policy, mb, temperature, inp.pack, inp.share, inp.inert)
+    if inp.logp_sink is not None:
+        inp.logp_sink.append(logp.detach())
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
     old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
@@ -296,6 +300,7 @@ class _Pass:
     stats: dict[str, list[float]] | None
     first: bool = True  # the next mini-batch is the update's first: no optimizer step yet
     pre_kl: float = float("nan")  # approx_kl of the first mini-batch (`update/kl_pre`)
+    probe: tuple[torch.Tensor, torch.Tensor] | None = None  # fused: (probe rows, their log-probs, filled by the forward)
 
 
 def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]:
@@ -308,18 +313,17 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
     # a fault on pi_old needs pi_old scored: with one pass and one mini-batch it is the training forward itself
     fused = algo.epochs == 1 and algo.mini_batches == 1 and not faults.wants("on_old_logp")
     pack, share = train.pack_sequences, train.share_prefix
-    old_all = None
-    if not fused:
-        old_all = faults.on_old_logp(compute_batch_logprobs(policy, batch, ctx.temperature, train.micro_batch_tokens,
-                                                            pack, share), batch)
-    ref_all = None
-    if ctx.ref_policy is not None and ctx.state.kl_coef > 0 and algo.kl.placement == "loss":
-        ref_all = compute_batch_logprobs(ctx.ref_policy, batch, ctx.temperature, train.micro_batch_tokens, pack, share)
+    old_all = None if fused else faults.on_old_logp(compute_batch_logprobs(policy, batch, ctx.temperature,
+                                                                          train.micro_batch_tokens, pack, share), batch)
+    with_ref = ctx.ref_policy is not None and ctx.state.kl_coef > 0 and algo.kl.placement == "loss"
+    ref_all = compute_batch_logprobs(ctx.ref_policy, batch, ctx.temperature, train.micro_batch_tokens, pack,
+                                     share) if with_ref else None
     t_probe = time.perf_counter()
     probe = _probe_before(ctx, batch, old_all) if ctx.probes else None
     t_probe = time.perf_counter() - t_probe
     ps = _Pass(old_all, ref_all, can_skip_inert(ctx, ref_all is not None), _Acc(),
-               NormCheck(algo.agg.mode, ctx.max_len) if ctx.probes else None, {} if ctx.probes else None)
+               NormCheck(algo.agg.mode, ctx.max_len) if ctx.probes else None, {} if ctx.probes else None,
+               probe=probe if probe is not None and old_all is None else None)
     positions0 = policy.trained_positions
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norms: list[float] = []
@@ -368,8 +372,11 @@ def _run_minibatch(ctx: UpdateContext, batch: TrainBatch, mini_idx: torch.Tensor
         old = None if ps.old_all is None else ps.old_all[mini_idx[rows], :T]
         ref = None if ps.ref_all is None else ps.ref_all[mini_idx[rows], :T]
         inert = inert_mask(mb) if skip_here else None
+        sink = [] if ps.probe is not None and ps.first else None
         terms, m = compute_loss_terms(ctx.policy, mb, norm, algo, ctx.temperature,
-                                      LossInputs(old, ref, ctx.critic, train.pack_sequences, train.share_prefix, inert))
+                                      LossInputs(old, ref, ctx.critic, train.pack_sequences, train.share_prefix, inert, sink))
+        if sink:
+            fill_probe_rows(*ps.probe, mini_idx[rows], sink[0])
         terms = faults.on_loss(terms, mb)  # seam: the micro-batch's loss terms
         if ctx.probes and ref is not None and state.kl_coef > 0:
             m["update/kl_live"] = float("kl" in terms and terms["kl"].requires_grad)
@@ -403,9 +410,9 @@ def _probe_before(ctx: UpdateContext, batch: TrainBatch, old_all: torch.Tensor |
         return None
     if old_all is not None:
         return rows, old_all[rows]
-    t = ctx.train
-    return rows, compute_batch_logprobs(ctx.policy, batch.select(rows), ctx.temperature, t.micro_batch_tokens,
-                                        t.pack_sequences, t.share_prefix)
+    # fused (one pass, one mini-batch): the training forward scores every row before the only optimizer
+    # step - `_run_minibatch` fills these from it instead of a second forward (half the probe's cost)
+    return rows, torch.zeros_like(batch.rollout_logp_BT[rows])
 
 
 def _probe_results(ctx: UpdateContext, batch: TrainBatch, probe, ps: _Pass, fused: bool) -> dict[str, float]:

@@ -48,6 +48,10 @@ def faultbench(
     out: Path = typer.Option(Path("runs/faultbench"), "--out", help="output directory (cases.jsonl, results.json)"),
     fault: Optional[List[str]] = typer.Option(
         None, "--fault", help="fault types to run (default: all): a name, package.module:Class or path/file.py:Class"),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="tuned | held_out: the faults of one half of the fixed split (tether.health.faults.split)"),
+    replay: bool = typer.Option(
+        False, "--replay", help="with --rescore: re-run the current detectors and diagnosis over the advise runs' metrics"),
     mode: Optional[List[str]] = typer.Option(None, "--mode", help="advise and/or auto (default: both)"),
     auto_remediable_only: bool = typer.Option(
         False, "--auto-remediable-only", help="auto mode only for remediable faults and the healthy controls"),
@@ -84,8 +88,14 @@ def faultbench(
 
         if not (out / "cases.jsonl").is_file():
             fail(f"{out / 'cases.jsonl'}: no such file (run the benchmark first)", 2)
-        typer.echo(format_results(rescore(out, start, planned)))
+        typer.echo(format_results(rescore(out, start, planned, replay)))
         return
+    if split is not None:
+        from tether.health.faults import split as halves
+
+        if split not in ("tuned", "held_out"):
+            fail(f"--split {split!r}: expected tuned or held_out", 2)
+        fault = list(fault or []) + [f for f in (halves.TUNED if split == "tuned" else halves.HELD_OUT) if f not in (fault or [])]
     variants = _variants(variant or [])
     kw = dict(faults=[] if healthy_only else (fault or None), severities=tuple(severity or ("subtle", "obvious")),
               seeds=_seeds(seeds), healthy_seeds=_seeds(healthy_seeds), steps=steps, start=start, variants=variants,

@@ -29,20 +29,21 @@ SMOKE = {"faults": ["lr_spike", "group_mixing"], "severities": ("obvious",), "se
 
 
 def doctor(
-    run_dir: Path = typer.Argument(..., help="a run directory (metrics.jsonl, health.jsonl)"),
+    run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline: per stage; a sweep: per run)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
-    """Health of a run: findings, ranked root causes with evidence, and repairs taken."""
-    from tether.config import load_doctor_config
-    from tether.health.doctor import examine, format_report
+    """Health of a run: findings, ranked root causes with evidence, and repairs taken (per stage / per run and a
+    summary for pipelines and sweeps)."""
+    from tether.api.doctor import doctor as examine_run, format_doctor
+    from tether.commands.common import fail_on, known_errors
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: not a directory", 2)
     try:
-        rep = examine(run_dir, load_doctor_config(run_dir))
-    except (FileNotFoundError, ValueError) as err:
-        fail(f"{err}", 1)
-    typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_report(rep))
+        rep = examine_run(run_dir)
+    except known_errors() as err:
+        fail_on(err)
+    typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_doctor(rep))
 
 def faultbench(
     out: Path = typer.Option(Path("runs/faultbench"), "--out", help="output directory (cases.jsonl, results.json)"),

@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -209,25 +207,8 @@ def run_bench(out: Path, plan: BenchPlan = BenchPlan(), workers: int = 2, extra:
     t0 = time.perf_counter()
     model = prepare_base(out / "cache", extra)
     progress(f"base model ready ({time.perf_counter() - t0:.0f}s): {model}")
-    log_path = out / "cases.jsonl"
-    done = {}
-    if log_path.exists():
-        for line in log_path.read_text().splitlines():
-            r = json.loads(line)
-            if "error" not in r:
-                done[r["id"]] = r
-    cases = [c for c in make_cases(faults, severities, seeds, healthy_seeds, modes, variants, auto_remediable_only) if c.id not in done]
-    progress(f"{len(cases)} runs to do ({len(done)} reused), {workers} worker(s)")
-    args = (str(model), str(out / "runs"), steps, start, extra, variants)
-    records = list(done.values())
-    if workers <= 1:
-        it: Iterable[dict] = (run_case(c, *args) for c in cases)
-        _collect(it, records, log_path, len(cases), t0, progress)
-    else:
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futs = [pool.submit(run_case, c, *args) for c in cases]
-            _collect((f.result() for f in as_completed(futs)), records, log_path, len(cases), t0, progress)
+    cases = make_cases(faults, severities, seeds, healthy_seeds, modes, variants, auto_remediable_only)
+    records = run_cases(out, cases, (str(model), str(out / "runs"), steps, start, extra, variants), workers, progress)
     results = compute_results(records, registry, start)
     results["config"] = {"steps": steps, "start": start, "seeds": seeds, "healthy_seeds": healthy_seeds,
                          "severities": list(severities), "faults": faults, "base": BASE + extra, "variants": variants,
@@ -260,15 +241,50 @@ def rescore(out: Path, start: int = 15, planned: int | None = None, replay: bool
     return res
 
 
-def _collect(it, records, log_path, n, t0, progress) -> None:
-    with open(log_path, "a") as fh:
-        for i, rec in enumerate(it, 1):
-            records.append(rec)
+def _run_member(args: tuple, member: Any, resume: bool) -> dict[str, Any]:
+    """One case as a member of the multi-run engine (module level: it runs in a forked worker)."""
+    return run_case(member.data, *args)
+
+
+def run_cases(out: Path, cases: list[Case], args: tuple, workers: int, progress: Callable[[str], None]) -> list[dict]:
+    """Run the cases not done yet through the multi-run engine (tether.runs.engine: its resume rule,
+    progress lines and member record; forked workers); every finished case's record is appended to
+    `out/cases.jsonl`, which scoring reads. Returns the records of every case, done before or now; a
+    case whose record holds a benchmark error is run again next time."""
+    from functools import partial
+
+    from tether.runs.engine import Member, Plan, run_members
+    from tether.runs.record import RunRecord, read_record, update_record, write_record
+
+    log_path = out / "cases.jsonl"
+    earlier = {}  # cases.jsonl rows of a benchmark run before the engine recorded outcomes (or of this one)
+    if log_path.exists():
+        for line in log_path.read_text().splitlines():
+            r = json.loads(line)
+            if "error" not in r:
+                earlier[r["id"]] = r
+    errors: list[dict] = []
+
+    def collect(m: Any, rec: dict[str, Any]) -> dict[str, Any] | None:
+        with open(log_path, "a") as fh:
             fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            progress(f"[{i}/{n} {time.perf_counter() - t0:.0f}s] {rec['id']}: alarm={rec.get('first_alarm_step')} "
-                     f"dx={rec.get('diagnosis', [])[:1]} acc={rec.get('final_train_acc', float('nan')):.3f}"
-                     + (f" ERROR {rec['error']}" if "error" in rec else ""))
+        if "error" in rec:  # a benchmark bug, not a finding: recorded, and run again next time
+            errors.append(rec)
+            raise RuntimeError(rec["error"])
+        return rec
+
+    def describe(rec: dict[str, Any]) -> str:
+        return (f"alarm={rec.get('first_alarm_step')} dx={rec.get('diagnosis', [])[:1]} "
+                f"acc={rec.get('final_train_acc', float('nan')):.3f}")
+
+    if read_record(out).kind is None:
+        write_record(out, RunRecord(kind="faultbench", status="running"))
+    members = [Member(c.id, out / "runs" / c.id, "rl", c) for c in cases]
+    plan = Plan(partial(_run_member, args), collect, describe, recorded=lambda m: earlier.get(m.name),
+                workers=max(1, workers), pool="process" if workers > 1 else "thread", resumable=False)
+    outcomes = run_members(out, "faultbench", members, plan, progress)
+    update_record(out, status="complete" if all(o.ok for o in outcomes) else "failed")
+    return [o.value for o in outcomes if o.ok] + errors
 
 
 __all__ = ["BASE", "BenchPlan", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record", "rescore",

@@ -32,7 +32,8 @@ from tether.health import build_health
 from tether.io.checkpoint import load_checkpoint, save_checkpoint
 from tether.io.killpoints import do_kill_point
 from tether.io.plots import plot_metrics
-from tether.io.resume import do_apply_lr, do_open_run
+from tether.runs.lifecycle import do_finish_run
+from tether.runs.resume import do_apply_lr, do_open_run
 from tether.io.run_dir import RunDir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.phase import marks_phase, phase
@@ -190,7 +191,7 @@ def _start(cfg: TetherConfig, rd: RunDir, ckpt: Path | None, policy: HFPolicy | 
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
            variant: RLVariant = RLVariant(), overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json.
-    An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
+    An existing run directory needs `resume` or `overwrite` (tether.runs.resume)."""
     t_start, c_start = time.perf_counter(), time.process_time()
     start = do_open_run(run_dir, cfg, variant.kind, resume, overwrite)
     rd, ckpt = start.run_dir, start.checkpoint
@@ -227,7 +228,8 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             bar(st.step, reward=metrics["reward/mean"], acc=metrics.get("accuracy", float("nan")), s=metrics["time/step"])
             if (cfg.checkpoint.every and st.step % cfg.checkpoint.every == 0) or stop:
                 save_checkpoint(rd, st.step, st.policy.model, st.policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
-    save_checkpoint(rd, st.step, st.policy.model, st.policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
+    final = save_checkpoint(rd, st.step, st.policy.model, st.policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(),
+                            cfg.checkpoint.keep)  # the run's result: the model of its last step
     sinks.close()
     st.health.close()
     rows = rd.read_metrics()
@@ -247,6 +249,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "compile": {"train": st.compile.train, "rollout": st.compile.rollout, "reason": st.compile.reason},
     }
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, final, st.step)
     return summary
 
 

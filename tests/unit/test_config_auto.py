@@ -46,6 +46,16 @@ def test_the_byo_config_fits_a_tiny_model_and_short_answers(example, capsys):
     assert cfg.data.chat is True  # set for a chat model
 
 
+def test_rl_steps_are_one_pass_over_the_rows_up_to_200(example):
+    """2,000 generated rows at 8 problems a step would be 250 steps: capped at 200 (100 left the
+    example of docs/byo.md under +10 points on two of three seeds, benchmarks/results/byo_lift_rl100.json)."""
+    model, _ = example
+    cfg = load_config(BYO, [f"model.path={model}", "data.task=reverse", "data.train_size=4000", "data.chat=false"])
+    assert cfg.train.steps == 200 and cfg.sft.steps == 188  # sft: three passes over 2,000 rows at batch 32
+    cfg = load_config(BYO, [f"model.path={model}", "data.task=reverse", "data.train_size=1000", "data.chat=false"])
+    assert cfg.train.steps == 125
+
+
 def test_an_explicit_value_is_never_changed(example):
     model, parquet = example
     cfg = load_config(BYO, [f"model.path={model}", f"data.path={parquet}", "train.lr=1e-5",

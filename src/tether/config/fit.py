@@ -17,7 +17,7 @@ config.yaml records; an explicit value (in the file or as an override) is never 
 | `sft.lr` | the same between 2e-3 at 3.3M (configs/reverse.yaml) and 1e-5 at 500M (full fine-tuning of 0.5B-7B models), within [5e-6, 2e-3] |
 | `rollout.sampling.max_new_tokens`, `eval.sampling.max_new_tokens` | twice the 99th percentile of the SFT targets' length (the `completion` column, else the answer) plus the stop token, at least 8; 512 for a model of 100M+ parameters whose rows hold only a final answer (it writes its reasoning first) |
 | `rollout.max_prompt_tokens` | the longest prompt of the rows read, rendered as the run renders it, within the model's context minus max_new_tokens |
-| `train.steps` | one pass over the training rows at `rollout.problems_per_step`, within [20, 100] |
+| `train.steps` | one pass over the training rows at `rollout.problems_per_step`, within [20, 200] (docs/byo.md's example at 100 steps: two of three seeds under +10 points, benchmarks/results/byo_lift_rl100.json) |
 | `sft.steps` | three passes over the training rows at `sft.batch_size`, within [50, 1000] |
 
 Every `auto` key needs `model.path`: without it the error says so (a forgotten `model.path`
@@ -160,8 +160,8 @@ def compute_fitted_values(keys: list[str], data: Mapping[str, Any]) -> dict[str,
     if "train.steps" in rest:
         per = _get(data, "rollout.problems_per_step")
         per = per if isinstance(per, int) else RolloutConfig().problems_per_step
-        out["train.steps"] = (min(100, max(20, math.ceil(len(rows) / per))),
-                              f"one pass over {len(rows)} rows at {per} problems per step, within [20, 100]")
+        out["train.steps"] = (min(200, max(20, math.ceil(len(rows) / per))),
+                              f"one pass over {len(rows)} rows at {per} problems per step, within [20, 200]")
     if "sft.steps" in rest:
         batch = _get(data, "sft.batch_size")
         batch = batch if isinstance(batch, int) else SFTConfig().batch_size

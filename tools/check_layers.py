@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     ("preflight", "preflight_stages", "config_fit"),
     ("recipes",),
-    ("api", "sweep_prepare", "sweep", "report", "plan"),
+    ("api", "sweep_prepare", "sweep_metrics", "sweep", "report", "plan"),
     ("commands",),
     ("cli", "__init__"),
 ]

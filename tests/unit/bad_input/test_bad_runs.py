@@ -123,3 +123,13 @@ def test_report_writes_only_into_a_run_it_recognises(bad_input, tmp_path, pipeli
     assert (tmp_path / "notes.html").read_text() == "<p>my notes</p>"
     r = tether("report", pipeline / "pipe", "--out", tmp_path / "new" / "r.html")  # a new folder is fine
     assert r.exit_code == 0 and (tmp_path / "new" / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_prepare_step_refuses_a_command_line_override_its_config_does_not_take(bad_input, tmp_path):
+    """A guard beside the finding (prepare steps now take the command line's overrides): a key no config
+    takes is refused before the prepare step or any arm runs (as it was before the steps took them)."""
+    (tmp_path / "s.yaml").write_text("run: {name: s}\nsft: {steps: 1}\n")
+    (tmp_path / "c.yaml").write_text("run: {name: c}\nsweep:\n  seeds: [0]\n  prepare: {sft: {config: s.yaml}}\n"
+                                     "  overrides: [\"model.path={prepare.sft}/final_model\"]\n  arms: [[train.steps=1]]\n")
+    bad_input.cli(["sweep", tmp_path / "c.yaml", "sft.stepz=2", "--out", tmp_path / "o"], "sft.stepz")
+    assert not (tmp_path / "o").exists()

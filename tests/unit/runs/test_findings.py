@@ -44,14 +44,6 @@ def test_a_sweep_prepare_step_gets_the_command_line_overrides_and_prints_progres
     assert any(x.startswith("[tether sweep prepare] 1/1 sft: done") for x in lines)
 
 
-def test_a_prepare_step_refuses_a_command_line_override_its_config_does_not_take(tmp_path):
-    (tmp_path / "s.yaml").write_text("run: {name: s}\nsft: {steps: 1}\n")
-    (tmp_path / "c.yaml").write_text("run: {name: c}\nsweep:\n  seeds: [0]\n  prepare: {sft: {config: s.yaml}}\n"
-                                     "  overrides: [\"model.path={prepare.sft}/final_model\"]\n  arms: [[train.steps=1]]\n")
-    r = tether("sweep", tmp_path / "c.yaml", "sft.stepz=2", "--out", tmp_path / "o")
-    assert r.exit_code == 2 and "sft.stepz" in r.output and not (tmp_path / "o").exists()
-
-
 def test_export_of_a_lora_pipeline_is_its_last_stage_merged(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -87,8 +87,12 @@ def check_cell(r, target: str, command: str, tmp: Path, run: Path) -> None:
         return
     assert r.exit_code == 0, r.output
     if command == "eval":
+        import tether
+
         ev = json.loads((tmp / "eval" / "eval.json").read_text())
         assert ("rm/eval_pair_accuracy" in ev) if kind == "rm" else (0 <= ev["metrics"]["eval/pass@1"] <= 1)
+        # the run's result model (a pipeline's: its last stage's result), wherever the run now lives
+        assert Path(ev["model"]).resolve() == tether.open_run(run).result_model().resolve(), ev["model"]
     elif command == "export":
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -97,6 +101,8 @@ def check_cell(r, target: str, command: str, tmp: Path, run: Path) -> None:
         assert not any("lora" in n for n, _ in model.named_parameters())
     elif command == "show":
         assert f"kind: {kind} (" in r.output
+        for m in json.loads((run / "run.json").read_text())["members"]:  # a pipeline's stages, a sweep's runs
+            assert f"  {m['path']} " in r.output, (m, r.output)
         # RL settings only for RL runs (and runs with an RL stage), never for an SFT, DPO or reward-model run
         assert ("advantage=" in r.output) == (kind in ("rl", "pipeline", "compare_context")), r.output
     elif command == "doctor":

@@ -177,13 +177,18 @@ def read_health_overhead(d):
             "worst": f"{o['overhead_frac_per_step_max']:.2%}", "date": o["date"][:10], "cores": o["cores"],
             "la": "/".join(f"{x:.1f}" for x in o["loadavg_start"]), "cpu_s": f"{o['cpu_seconds']:.0f}",
             "health_s": f"{o['layer_seconds']['time/health']:.1f}", "probes_s": f"{o['layer_seconds']['time/probes']:.1f}",
-            "fp_s": f"{o['layer_seconds']['time/fingerprint']:.2f}", "step_s": f"{o['step_seconds_without_layer']:.0f}"}
+            "fp_s": f"{o['layer_seconds']['time/fingerprint']:.2f}", "step_s": f"{o['step_seconds_without_layer']:.0f}",
+            "before": "" if not d.get("two") else (
+                f" Before the update took the probe rows' log-probs from its own forward (two probe forwards a step), "
+                f"the same measurement gave {d['two']['overhead_frac']:.2%} (health_overhead_two_forwards_2026-12-04.json).")}
 
 
 HEALTH_OVERHEAD = Entry(
     key="health-overhead", title="What the health layer costs on the demo",
-    sources={"oh": R + "health_overhead.json"},
-    command="python benchmarks/health_overhead.py",
+    sources={"oh": R + "health_overhead.json", "two": R + "health_overhead_two_forwards_2026-12-04.json"},
+    optional=("two",),
+    command="python benchmarks/health_overhead.py && python benchmarks/health_overhead.py --batch-checks "
+            "benchmarks/results/health_overhead.json",
     read=read_health_overhead,
     text="""
 `tether demo` with its default `health.mode: advise`: the monitor after each step (trajectory statistics,
@@ -191,7 +196,7 @@ fingerprints, every detector, the diagnosis: {health_s} s), the update's probes 
 weight fingerprints ({fp_s} s){batch} — in all **{frac}** of the RL step time without them ({step_s} s over
 {steps} steps; without the batch checks: median step {median}, worst {worst}) — {met} issue 41's bar of 2%. Self-timed by the layer (`time/health`,
 `time/probes`, `time/fingerprint` in metrics.jsonl): a paired on/off comparison cannot resolve 2% on a shared
-2-core machine. {date}, {cores} cores, load average {la} at the start; the whole demo took {cpu_s} CPU s.
+2-core machine. {date}, {cores} cores, load average {la} at the start; the whole demo took {cpu_s} CPU s.{before}
 """,
 )
 

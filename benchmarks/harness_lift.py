@@ -1,7 +1,16 @@
 """Held-out success of a black-box agent before and after RL through the agent harness.
 
     python benchmarks/harness_lift.py                  # the measurement (writes benchmarks/results/harness_lift.json)
+    python benchmarks/harness_lift.py --chat           # the openai client's chat API, persistent agents
+                                                       # (default --out benchmarks/results/harness_lift_chat.json)
     python benchmarks/harness_lift.py --smoke          # a two-step check that it runs (writes nothing to results/)
+
+`--chat`: the agent is configs/agents/chat_agent.py (the official `openai` client's
+`chat.completions`), the task is trained through the chat template (`data.chat=true`: SFT
+demonstrations and the agent's requests in the same format; tether.rollout.prompt_format), and the
+agents are persistent processes (`harness.persistent=true`, tether.rollout.agent_io). The same
+command line: `tether pipeline configs/reverse.yaml data.chat=true harness.persistent=true
+harness.command='[python, configs/agents/chat_agent.py]'`.
 
 The task is configs/reverse.yaml (reverse a word) with only `harness.command` added: the same as
 `tether pipeline configs/reverse.yaml harness.command='[python, configs/agents/complete_agent.py]'`.
@@ -49,13 +58,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--agent", default=str(ROOT / "configs/agents/complete_agent.py"), help="the agent program")
     ap.add_argument("--run-dir", default="runs/harness-lift")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/harness_lift.json"))
+    ap.add_argument("--chat", action="store_true", help="configs/agents/chat_agent.py, data.chat=true, persistent agents; "
+                    "--out is then benchmarks/results/harness_lift_chat.json unless given")
     ap.add_argument("--smoke", action="store_true", help="2 SFT + 2 RL steps on 8 held-out problems; --out is "
                     "then runs/harness-lift-smoke.json unless given")
     ap.add_argument("extra", nargs="*", help="further config overrides (key=value)")
     args = ap.parse_args(argv)
+    given = argv if argv is not None else sys.argv
+    if args.chat:
+        if "--agent" not in given:
+            args.agent = str(ROOT / "configs/agents/chat_agent.py")
+        if "--out" not in given:
+            args.out = str(ROOT / "benchmarks/results/harness_lift_chat.json")
+        args.extra = ["data.chat=true", "harness.persistent=true", *args.extra]
     if args.smoke:
         args.steps, args.sft_steps, args.eval_size, args.eval_samples = 2, 2, 8, 1
-        if "--out" not in (argv if argv is not None else sys.argv):
+        if "--out" not in given:
             args.out = "runs/harness-lift-smoke.json"
     return args
 
@@ -77,6 +95,8 @@ def eval_rows(run_dir: Path) -> list[dict]:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    import psutil
+
     from tether.rollout.harness import HarnessRollout
     from tether.recipes.rl import run_rl
     from tether.recipes.sft import run_sft
@@ -88,7 +108,7 @@ def measure(args: argparse.Namespace) -> dict:
     load_start = os.getloadavg()
     _log(f"load average at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} cpus")
     _log(f"SFT cold start: {cfg.sft.steps} steps on the weak teacher's demonstrations (no harness)")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_seconds(psutil.Process())
     policy, _ = run_sft(cfg, rd / "sft", overwrite=True)
     t_sft = time.perf_counter() - t0
     _log(f"SFT done in {t_sft:.0f}s; RL through the harness: {cfg.train.steps} steps x "
@@ -97,6 +117,7 @@ def measure(args: argparse.Namespace) -> dict:
     t1 = time.perf_counter()
     summary = run_rl(cfg, rd / "rl", policy=policy, overwrite=True)
     t_rl = time.perf_counter() - t1
+    cpu = _cpu_seconds(psutil.Process()) - cpu0
     evals = eval_rows(rd / "rl")
     first, last = evals[0], evals[-1]
     before, after = first["eval/pass@1"], last["eval/pass@1"]
@@ -106,7 +127,9 @@ def measure(args: argparse.Namespace) -> dict:
     load_end = os.getloadavg()
     return {
         "command": "python benchmarks/harness_lift.py " + " ".join(sys.argv[1:]),
-        "equivalent_cli": "tether pipeline configs/reverse.yaml harness.command='[python, configs/agents/complete_agent.py]'",
+        "equivalent_cli": ("tether pipeline configs/reverse.yaml " + " ".join(a for a in args.extra if "=" in a) +
+                           f" harness.command='[python, configs/agents/{Path(args.agent).name}]'"),
+        "agent_mode": "persistent" if cfg.harness.persistent else "process per episode", "data_chat": cfg.data.chat,
         "task": "reverse (configs/reverse.yaml), SFT cold start on a 40%-corrupted teacher", "agent": args.agent,
         "evaluated_through": "the agent harness (HarnessRollout): the RL recipe's evaluation at step 0 and at the end",
         "held_out_problems": int(first.get("eval/problems", args.eval_size)), "agent_runs_per_problem": cfg.eval.samples,
@@ -114,11 +137,29 @@ def measure(args: argparse.Namespace) -> dict:
         "greedy_before": first.get("eval/greedy_accuracy"), "greedy_after": last.get("eval/greedy_accuracy"),
         "rl_steps": summary["steps"], "episodes_per_step": cfg.rollout.problems_per_step * cfg.rollout.n,
         "rl_wall_seconds": t_rl, "rl_eval_seconds": t_eval, "sft_wall_seconds": t_sft, "total_wall_seconds": t_sft + t_rl,
+        "cpu_seconds_with_agents": cpu,  # tether's process and every agent process it started (psutil)
         "meets_issue_17": bool(100 * (after - before) >= 10 and t_rl <= 900),
         "cpus": os.cpu_count(), "cpu": _cpu_name(), "load_average_at_start": load_start, "load_average_at_end": load_end,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
         "note": "wall times on a machine shared with other jobs are upper bounds; the load averages say how busy it was",
     }
+
+
+def _cpu_split(proc) -> tuple[float, float]:
+    """(user + system seconds of `proc`, of its children: alive ones and those it waited for)."""
+    t = proc.cpu_times()
+    kids = t.children_user + t.children_system
+    for child in proc.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            kids += c.user + c.system
+        except Exception:  # psutil.Error: a child that ended meanwhile
+            pass
+    return t.user + t.system, kids
+
+
+def _cpu_seconds(proc) -> float:
+    return sum(_cpu_split(proc))
 
 
 def _cpu_name() -> str:

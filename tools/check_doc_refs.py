@@ -117,6 +117,7 @@ class Checker:
         self.names = {os.path.basename(f) for f in self.files}
         top = {f.split("/")[0] for f in self.files if "/" in f}
         pkgs = {p.name for p in (root / "src" / "tether").iterdir() if p.is_dir()} if (root / "src" / "tether").is_dir() else set()
+        pkgs.discard("runs")  # `runs/NAME/...` is a run directory a command writes, not the tether.runs package
         self.prefixes = top | pkgs | {"tether"}
 
     def resolves(self, ref: str, citing: str) -> bool:

@@ -27,18 +27,18 @@ LAYERS: list[tuple[str, ...]] = [
     ("policy",),
     ("tasks", "data", "rewards"),
     ("envs",),
-    ("io",),
+    ("io", "runs"),
     ("health",),
     ("train", "serve"),
     ("rollout",),
     ("eval",),
     ("dist",),
     ("config",),
-    ("preflight", "preflight_stages", "config_fit", "runs"),
+    ("preflight", "preflight_stages", "config_fit"),
     ("recipes",),
-    ("sweep_prepare", "sweep", "report", "show", "plan"),
+    ("api", "sweep_prepare", "sweep_metrics", "sweep", "report", "plan"),
     ("commands",),
-    ("cli", "__init__", "api"),
+    ("cli", "__init__"),
 ]
 MAX_CLIMBS = 6
 ROOT = Path(__file__).resolve().parents[1] / "src" / "tether"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from results_health import HEALTH_EXTENDED, HEALTH_OVERHEAD
 from results_lib import Entry, cpu_of, f2, f3, loadavg, mean_se, mmss, pct, pm, pts, table
 
 R = "benchmarks/results/"
@@ -472,5 +473,5 @@ repeat their numbers; rerun the command and commit the summary to bring one here
 """,
 )
 
-ENTRIES = [DEMO, REVERSE, HARNESS, TINKER, HEALTH, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
+ENTRIES = [DEMO, REVERSE, HARNESS, TINKER, HEALTH, HEALTH_EXTENDED, HEALTH_OVERHEAD, LEARNED_REWARD, PIPELINES, FINDINGS_ENTRY, PLANNER]
 TAIL_ENTRIES = [NO_FILE]

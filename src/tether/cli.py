@@ -23,8 +23,8 @@ from typing import List, Optional
 import typer
 
 from tether.commands.common import (
-    CONFIG_ARG, OVERRIDES_ARG, OVERWRITE_OPT, RESUME_OPT, RUN_DIR_OPT, OneLineErrors, default_run_dir, fail, fail_on,
-    fail_run, known_errors, offline_env, print_summary, run_in_dir, start_command,
+    CONFIG_ARG, OVERRIDES_ARG, OVERWRITE_OPT, RESUME_OPT, RUN_DIR_OPT, STEP_OPT, OneLineErrors, default_run_dir, fail,
+    fail_on, fail_run, known_errors, note, offline_env, print_summary, run_in_dir, start_command,
 )
 
 app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -38,25 +38,15 @@ def _options(debug: bool = typer.Option(False, "--debug", help="show the full tr
 
 def _run_recipe(kind: str, config: Path, overrides: List[str], run_dir: Optional[Path], resume: bool,
                 overwrite: bool = False) -> None:
-    """Shared body of `train` and `sft`: validate, pick the run dir, run, summarise."""
+    """Shared body of `train` and `sft` over the Python API (tether.sft / tether.train, which check
+    the inputs first): pick the run dir, run, summarise."""
+    from tether.api.training import sft as run_sft, train as run_train
+
     cfg = start_command(config, overrides)
     if resume and run_dir is None:
         fail("--resume needs --run-dir DIR (the run to continue)")
     rd = run_dir or default_run_dir(cfg.run.name + ("-sft" if kind == "sft" else ""))
-
-    def body() -> dict:
-        from tether.preflight import check_run_inputs
-
-        check_run_inputs(cfg, rd, kind)  # bad paths, data, tokenizer: one line before a model is built
-        if kind == "sft":
-            from tether.recipes.sft import run_sft
-
-            return run_sft(cfg, rd, resume=resume, overwrite=overwrite)[1]
-        from tether.recipes.rl import run_rl
-
-        return run_rl(cfg, rd, resume=resume, overwrite=overwrite)
-
-    run_in_dir(rd, body)
+    run_in_dir(rd, lambda: (run_sft if kind == "sft" else run_train)(cfg, rd, resume=resume, overwrite=overwrite).summary)
     typer.echo(f"run directory: {rd}")
 
 
@@ -100,17 +90,19 @@ def demo(
 
 @app.command("eval")
 def eval_cmd(
-    target: Path = typer.Argument(..., help="a run directory (its latest checkpoint), a checkpoint directory, or a YAML config"),
+    target: Path = typer.Argument(..., help="a run directory (its result model; a pipeline's last stage; a reward "
+                                  "model's held-out pair accuracy), a checkpoint directory, or a YAML config"),
     overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides, e.g. eval.samples=16 eval.best_of=reward"),
     out: Optional[Path] = typer.Option(None, "--out", help="where to write eval.json (default: the run dir)"),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="write plots/eval_tts.png (pass@k, maj@k, best@k vs k)"),
+    step: Optional[int] = STEP_OPT,
 ) -> None:
     """Held-out pass@k, maj@k, best@k (k = 1..eval.samples) and greedy accuracy -> eval.json."""
     offline_env()
-    from tether.recipes.evaluate import run_eval_command
+    from tether.api.evaluate import run_eval_command
 
     try:
-        metrics, path = run_eval_command(target, overrides or [], out, plot=plot)
+        metrics, path = run_eval_command(target, overrides or [], out, plot=plot, step=step, log=note)
     except known_errors() as err:
         fail_on(err)
     for k, v in sorted(metrics.items()):
@@ -119,16 +111,16 @@ def eval_cmd(
 
 
 @app.command()
-def show(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
-    """A summary of a run: config highlights, last metrics, evaluation, checkpoints."""
-    from tether.show import render_run_summary
+def show(run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline, a sweep, ...)")) -> None:
+    """A summary of a run: kind, result model, config highlights, metrics, stages or arms, checkpoints."""
+    from tether.api.show import render_run_summary
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: not a directory")
     try:
         typer.echo(render_run_summary(run_dir))
-    except (ValueError, FileNotFoundError) as err:
-        fail(str(err), 1)
+    except known_errors() as err:
+        fail_on(err)
 
 
 def _register_plugins() -> None:

@@ -11,8 +11,8 @@ targets: tether.preflight) and what its kind needs:
   student's tokenizer (their sampled ids train the student);
 - rs_sft: a readable `mix_path`;
 - merge: enough models and weights, linear weights summing to 1, a base for task arithmetic, and
-  every model (directories, stage names, `previous`) with the same tensors and shapes; a stage that
-  trains LoRA hands on an adapter, which cannot be merged.
+  every model (directories, stage names, `previous`) with the same tensors and shapes (a stage that
+  trains LoRA hands on an adapter, which the merge folds into its base first: the lineage's shapes).
 
 Every stage of a pipeline descends from one starting model (`model.path`, or the tiny model the
 first stage builds), so the student's tokenizer and tensor shapes are those of that model: the
@@ -166,13 +166,11 @@ def _check_merge(cfg: TetherConfig, names: dict[str, TetherConfig], earlier: lis
 
 def _merge_shapes(ref: str, what: str, names: dict[str, TetherConfig], previous: tuple[Any, TetherConfig] | None,
                   lineage: Lineage) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes merging `ref` will read: a directory's, or the lineage's for a stage (LoRA refused)."""
+    """The tensor shapes merging `ref` will read: a directory's, or the lineage's for a stage (a LoRA stage's
+    adapter is merged into its base first, so its shapes are the lineage's too: tether.recipes.merge)."""
     stage = names.get(ref)
     if ref == "previous":
         if previous is None and not lineage.cfg.model.path:
             raise InputError(f"{what}=previous: the pipeline's first stage has no incoming model; set model.path")
         stage = previous[1] if previous else None
-    if stage is not None and stage.model.lora is not None:
-        raise InputError(f"{what}={ref}: that stage trains LoRA adapters (model.lora) and hands on an adapter, which "
-                         "cannot be merged in weight space; merge stages that train the full model")
     return lineage.shapes if stage is not None or ref == "previous" else read_shapes(ref, what)

@@ -22,14 +22,16 @@ differences and their standard error. Otherwise Welch's: the difference of the m
 sqrt(se_a^2 + se_b^2). A difference is called "within noise" when its magnitude is below two
 standard errors.
 
-Resuming: a run whose directory holds a finished `summary.json` (a pipeline's says `complete`) is done
-and is not run again; an unfinished
-run's directory is moved aside (`seed-<s>.incomplete-<k>`, never deleted) and the run starts
-over. Runs execute as separate processes (`python -m tether.cli ...`), up to `workers` at a time
-(each with `run.threads` = cores / workers unless the overrides set it).
+Runs go through the multi-run engine (tether.runs.engine): a run whose outcome is recorded is done
+and not run again; an unfinished run resumes from its latest checkpoint (`--resume`) when it has
+one, else it is moved aside (`seed-<s>.incomplete-<k>`, never deleted) and starts over. Runs
+execute as separate processes (`python -m tether.cli ...`), up to `workers` at a time (each with
+`run.threads` = cores / workers unless the overrides set it). The values are read from the runs
+again on every resume, so a resumed sweep may change `metric`, `extra_metrics` and `seeds`
+(applied, printed and recorded in events.jsonl); any other change is refused with each differing
+key, and nothing is rewritten then. `--out` must be a new directory or an earlier sweep.
 
-Deliberate simplifications: no Ray backend (runs are processes on this machine); an unfinished
-run restarts from step 0 instead of resuming from its last checkpoint.
+Deliberate simplification: no Ray backend (runs are processes on this machine).
 """
 
 from __future__ import annotations
@@ -42,20 +44,21 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from tether.io.run_dir import do_append_jsonl, write_text_atomic
+from tether.runs.engine import Member, Outcome, Plan, member_rows, run_members
+from tether.runs.lifecycle import do_set_members
+from tether.runs.record import KINDS, RunRecord, read_record, update_record, write_record
+from tether.runs.resume import EVENTS_FILE, compute_config_changes
+from tether.sweep_metrics import SUMMARY_KEYS, SweepError, check_logged, check_metric, metric_of  # noqa: F401 (API)
 from tether.sweep_prepare import RunHooks, referenced, run_prepare, substitute
 
 COMMANDS = ("train", "pipeline", "sft")
-
-
-class SweepError(ValueError):
-    """Invalid sweep input (grid, seeds, spec mismatch on resume); the CLI prints it in one line."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class SweepSpec:
     arm_list: list[list[str]] = field(default_factory=list)  # explicit arms (instead of, or before, the grid)
     extra_metrics: list[str] = field(default_factory=list)  # recorded per run and tabled too
     prepare: dict[str, dict] = field(default_factory=dict)  # runs the arms start from (tether.sweep_prepare)
+    prepare_overrides: list[str] = field(default_factory=list)  # the command line's overrides, for the prepare steps too
 
     def arms(self) -> list[Arm]:
         explicit = [Arm(tuple(a)) for a in self.arm_list]
@@ -175,54 +179,6 @@ def compute_difference(ref: Mapping[int, float], other: Mapping[int, float]) -> 
     return {"diff": diff, "se": se, "kind": kind, "within_noise": noise}
 
 
-def _metrics_rows(run_dir: Path, stage: str | None = None) -> list[dict[str, Any]]:
-    """metrics.jsonl of a run (or of its RL stage: <run>/rl/metrics.jsonl for a pipeline), or of a
-    named pipeline stage (<run>/<stage>/metrics.jsonl)."""
-    paths = [run_dir / stage / "metrics.jsonl"] if stage else [run_dir / "metrics.jsonl", run_dir / "rl" / "metrics.jsonl"]
-    for path in paths:
-        if path.exists():
-            return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return []
-
-
-def metric_of(summary: Mapping[str, Any], metric: str, run_dir: Path | None = None) -> float | None:
-    """A value of summary.json by key, or a dotted path into it ("final_eval.eval/pass@1"); a list of
-    named entries is indexed by name (a pipeline's "stages.rl_alone.heldout.eval/pass@1").
-    `mean:<key>` / `last:<key>` / `max:<key>` / `sum:<key>`: over the training steps (step >= 1) of
-    metrics.jsonl; `firstK:<key>` / `lastK:<key>` (e.g. first5, last5): the mean of the first / last K
-    of those steps; `<agg>:<key>@<stage>` reads a pipeline stage's (`sum:rollout/gen_tokens@distilled`).
-    `A - B` (spaces around the minus): the per-run difference of two metrics, so that a comparison
-    of two stages inside one pipeline run gets a mean and standard error over seeds."""
-    left, minus, right = metric.partition(" - ")
-    if minus:
-        a, b = metric_of(summary, left.strip(), run_dir), metric_of(summary, right.strip(), run_dir)
-        return None if a is None or b is None else a - b
-    agg, sep, key = metric.partition(":")
-    window = re.fullmatch(r"(first|last)([1-9][0-9]*)", agg)
-    if sep and (agg in ("mean", "last", "max", "sum") or window):
-        key, at, stage = key.partition("@")
-        vals = [float(r[key]) for r in _metrics_rows(run_dir, stage if at else None) if r.get("step", 0) >= 1
-                and isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))] if run_dir else []
-        if not vals:
-            return None
-        if window:  # first5 / last5: the mean of the first / last 5 training steps
-            part = vals[:int(window.group(2))] if window.group(1) == "first" else vals[-int(window.group(2)):]
-            return sum(part) / len(part)
-        return {"mean": sum(vals) / len(vals), "last": vals[-1], "max": max(vals), "sum": sum(vals)}[agg]
-    if metric in summary:
-        v: Any = summary[metric]
-    else:
-        v = summary
-        for part in metric.split("."):
-            if isinstance(v, list):
-                v = next((e for e in v if isinstance(e, Mapping) and e.get("name") == part), None)
-            elif isinstance(v, Mapping) and part in v:
-                v = v[part]
-            else:
-                return None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def compute_sweep_table(results: Sequence[Mapping[str, Any]], arms: Sequence[Arm], metric: str) -> list[dict[str, Any]]:
     """One row per arm: mean +- se of `metric` over seeds, and the difference from the first arm."""
     by_arm: dict[str, dict[int, float]] = {a.label: {} for a in arms}
@@ -288,22 +244,62 @@ def load_sweep_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return raw, block
 
 
-def _prepare_dir(out: Path, base: Mapping[str, Any], spec: SweepSpec) -> None:
-    """Write base.yaml and sweep_spec.json, or check that a resumed sweep asks for the same thing."""
-    out.mkdir(parents=True, exist_ok=True)
+SPEC_RESUMABLE = ("metric", "extra_metrics", "seeds")  # a resumed sweep may change these (the runs stay valid)
+
+
+def _check_out(out: Path) -> None:
+    """A sweep writes into a new (or empty) directory or an earlier sweep; never into another run."""
+    if out.exists() and not out.is_dir():
+        raise SweepError(f"--out {out} is a file; a sweep writes into a new directory or an earlier sweep")
+    if not out.is_dir() or (out / "sweep_spec.json").is_file() or not any(out.iterdir()):
+        return
+    kind = read_record(out).kind
+    if kind == "sweep":
+        return
+    what = f"a {kind} run ({KINDS.get(kind, kind)})" if kind else "files that are not a tether sweep"
+    raise SweepError(f"--out {out} holds {what}: a sweep writes into a new directory or an earlier sweep; "
+                     "choose another --out")
+
+
+def _spec_changes(out: Path, have: dict[str, Any], want: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The spec keys a resumed sweep changes (a key an older sweep_spec.json lacks has its default);
+    raises SweepError naming each change that the finished runs would not fit."""
+    defaults = asdict(SweepSpec(grid={}, seeds=[]))
+    changes = {k: (have.get(k, defaults.get(k)), want[k]) for k in want if have.get(k, defaults.get(k)) != want[k]}
+    refused = {k: v for k, v in changes.items() if k not in SPEC_RESUMABLE}
+    if refused:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+        raise SweepError(f"{out} holds a different sweep (differs in {listed}); its runs do not fit that: use another "
+                         f"--out, or the same grid/arms/command/overrides/prepare to resume it "
+                         f"(a resume may change only {', '.join(SPEC_RESUMABLE)})")
+    return changes
+
+
+def _prepare_dir(out: Path, base: Mapping[str, Any], spec: SweepSpec, log: Callable[[str], None] = print) -> None:
+    """Write base.yaml and sweep_spec.json; on resume check that the sweep asks for the same runs:
+    allowed changes (`SPEC_RESUMABLE`) are applied and recorded in events.jsonl, any other is refused
+    with each differing key, and nothing is rewritten then."""
+    _check_out(out)
     spec_path, want = out / "sweep_spec.json", asdict(spec)
+    changes: dict[str, tuple[Any, Any]] = {}
     if spec_path.exists():
-        have = json.loads(spec_path.read_text())
-        defaults = asdict(SweepSpec(grid={}, seeds=[]))  # a key an older sweep_spec.json lacks has its default
-        diff = sorted(k for k in want if have.get(k, defaults.get(k)) != want[k])
-        if diff:
-            raise SweepError(f"{out} holds a different sweep (differs in {', '.join(diff)}); "
-                             "use another --out, or the same grid/seeds/command/metric to resume it")
+        changes = _spec_changes(out, json.loads(spec_path.read_text()), want)
         old = yaml.safe_load((out / "base.yaml").read_text()) if (out / "base.yaml").exists() else None
         if old is not None and old != dict(base):
-            raise SweepError(f"{out}/base.yaml differs from the config given; use another --out to sweep the new config")
-    (out / "base.yaml").write_text(yaml.safe_dump(dict(base), sort_keys=False))
-    spec_path.write_text(json.dumps(want, indent=1))
+            diff = compute_config_changes(old, dict(base))
+            listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise SweepError(f"{out}/base.yaml differs from the config given ({listed}); its runs do not fit that: "
+                             "use another --out to sweep the new config")
+    out.mkdir(parents=True, exist_ok=True)
+    if changes:
+        listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        do_append_jsonl(out / EVENTS_FILE, {"kind": "resume", "resume_changes": {k: list(v) for k, v in changes.items()},
+                                            "message": f"resuming the sweep {out}; changes: {listed}"})
+        log(f"[tether sweep] resuming with changes: {listed}")
+    write_text_atomic(out / "base.yaml", yaml.safe_dump(dict(base), sort_keys=False))
+    write_text_atomic(spec_path, json.dumps(want, indent=1))
+    if read_record(out).kind != "sweep":
+        write_record(out, RunRecord(kind="sweep", status="running"))
 
 
 def _finished(run_dir: Path) -> dict[str, Any] | None:
@@ -326,76 +322,61 @@ def _collect(run_dir: Path, arm: Arm, seed: int, metric: str, extra: Sequence[st
             "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
 
 
-def _move_aside(run_dir: Path) -> None:
-    if run_dir.exists():
-        k = 1
-        while run_dir.with_name(f"{run_dir.name}.incomplete-{k}").exists():
-            k += 1
-        run_dir.rename(run_dir.with_name(f"{run_dir.name}.incomplete-{k}"))
-
-
-def _fmt_eta(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    m, s = divmod(int(round(seconds)), 60)
-    return f"{m}m {s:02d}s" if m else f"{s}s"
+def _threads(spec: SweepSpec, workers: int) -> list[str]:
+    """Each run's torch threads: cores / workers, unless the overrides set run.threads."""
+    if any(o.startswith("run.threads=") for o in spec.overrides) or workers <= 1:
+        return []
+    return [f"run.threads={max(1, (os.cpu_count() or 2) // workers)}"]
 
 
 def run_sweep(spec: SweepSpec, base: Mapping[str, Any], out: Path, workers: int = 1, run_fn: RunFn = run_cli_subprocess,
               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every (arm, seed) not yet done, then write sweep.json, sweep.md and plots/sweep.png."""
+    """Run every (arm, seed) not yet done through the multi-run engine (tether.runs.engine: its
+    resume rule, progress and member record), then write sweep.json, sweep.md and plots/sweep.png."""
     spec.validate()
     out = Path(out)
-    _prepare_dir(out, base, spec)
-    arms = spec.arms()
-    threads = [] if any(o.startswith("run.threads=") for o in spec.overrides) or workers <= 1 else [
-        f"run.threads={max(1, (os.cpu_count() or 2) // workers)}"]
-    hooks = RunHooks(run_fn, _finished, _move_aside, log, SweepError)
-    prepared = run_prepare(spec.prepare, spec.seeds, out, hooks, workers, threads)
-    todo, results = [], []
-    for arm in arms:
-        for seed in spec.seeds:
-            run_dir = out / arm.slug / f"seed-{seed}"
-            done = _collect(run_dir, arm, seed, spec.metric, spec.extra_metrics)
-            if done is not None:
-                results.append(done)
-            else:
-                todo.append((arm, seed, run_dir))
-    total = len(arms) * len(spec.seeds)
-    log(f"[tether sweep] {len(arms)} arms x {len(spec.seeds)} seeds = {total} runs; {total - len(todo)} done, "
-        f"{len(todo)} to run ({workers} at a time) -> {out}")
-    failures: list[str] = []
-    t0, finished = time.perf_counter(), 0
+    _prepare_dir(out, base, spec, log)
+    arms, threads = spec.arms(), _threads(spec, workers)
+    prepared = run_prepare(spec.prepare, spec.seeds, out, RunHooks(run_fn, _finished, log, SweepError), workers, threads,
+                           spec.prepare_overrides)
+    members = [Member(f"{arm.label} seed {seed}", out / arm.slug / f"seed-{seed}", _KIND[spec.command], (arm, seed))
+               for arm in arms for seed in spec.seeds]
 
-    def one(arm: Arm, seed: int, run_dir: Path) -> tuple[Arm, int, Path, int, float]:
-        _move_aside(run_dir)
+    def execute(m: Member, resume: bool) -> int:
+        arm, seed = m.data
         argv = [spec.command, str(out / "base.yaml"), *substitute([*spec.overrides, *arm.overrides], spec.prepare, out, seed),
-                *threads, f"run.seed={seed}"]
-        t = time.perf_counter()
-        code = run_fn(argv, run_dir, run_dir.with_name(f"seed-{seed}.log"))
-        return arm, seed, run_dir, code, time.perf_counter() - t
+                *threads, f"run.seed={seed}", *(["--resume"] if resume else [])]
+        code = run_fn(argv, m.path, m.path.with_name(f"seed-{seed}.log"))
+        if code != 0:
+            raise RuntimeError(f"exit {code}; log {m.path.name}.log")
+        return code
 
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    try:  # on Ctrl-C (or a run_fn that raises) queued runs are cancelled; finished ones stay done
-        pending: set[Future] = {pool.submit(one, *item) for item in todo}
-        while pending:
-            done_set, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done_set:
-                arm, seed, run_dir, code, secs = fut.result()
-                finished += 1
-                row = _collect(run_dir, arm, seed, spec.metric, spec.extra_metrics) if code == 0 else None
-                if row is None:
-                    failures.append(f"{arm.label} seed {seed} (exit {code}; log {run_dir.name}.log)")
-                else:
-                    results.append(row)
-                rate = (time.perf_counter() - t0) / finished
-                eta = rate * (len(todo) - finished)
-                value = "failed" if row is None else f"{spec.metric}={row['value']}"
-                log(f"[tether sweep] {total - len(todo) + finished}/{total} runs  {arm.label} seed {seed}: {value} "
-                    f"({secs:.0f}s)  ETA {_fmt_eta(eta)}")
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return write_sweep_results(out, spec, arms, results, failures, prepared)
+    def collect(m: Member, _: Any) -> dict[str, Any] | None:
+        return _collect(m.path, m.data[0], m.data[1], spec.metric, spec.extra_metrics)
+
+    def first_check(o: Outcome) -> None:  # a metrics.jsonl key is checked against the first finished run
+        if o.status != "ran":
+            return
+        for metric, what in [(spec.metric, "--metric"), *((m, "--extra-metric") for m in spec.extra_metrics)]:
+            if (problem := check_logged(metric, o.member.path, what)) is not None:
+                raise SweepError(f"{problem}; the sweep stopped (finished runs are kept): resume it with a corrected "
+                                 f"{what} and the same --out")
+
+    plan = Plan(execute, collect, describe=lambda v: f"{spec.metric}={v['value']}", recorded=lambda m: collect(m, None),
+                workers=max(1, workers), recollect=True)
+    outcomes = run_members(out, "sweep", members, plan, log, on_outcome=first_check)
+    do_set_members(out, [{"name": f"prepare {p['name']}" + ("" if p["seed"] is None else f" seed {p['seed']}"),
+                          "kind": spec.prepare[p["name"]]["command"], "status": "ran" if p["ran"] else "reused",
+                          "path": _relative(out, p["run_dir"])} for p in prepared] + member_rows(out, outcomes))
+    results = [o.value for o in outcomes if o.ok]
+    failures = [f"{o.member.data[0].label} seed {o.member.data[1]} ({o.message})" for o in outcomes if not o.ok]
+    payload = write_sweep_results(out, spec, arms, results, failures, prepared)
+    complete = len(results) == len(members)
+    update_record(out, status="complete" if complete else "failed" if failures else "running")
+    return payload
+
+
+_KIND = {"train": "rl", "sft": "sft", "pipeline": "pipeline"}
 
 
 def _relative(out: Path, run_dir: str | Path) -> str:
@@ -456,5 +437,6 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
 
 
 __all__ = ["Arm", "SweepSpec", "SweepError", "parse_grid", "parse_seeds", "expand_arms", "compute_arm_stats",
-           "compute_difference", "compute_sweep_table", "format_table", "metric_of", "run_sweep", "load_sweep_config",
+           "compute_difference", "compute_sweep_table", "format_table", "metric_of", "check_metric", "SUMMARY_KEYS",
+           "run_sweep", "load_sweep_config",
            "write_sweep_results", "plot_sweep"]

@@ -15,16 +15,16 @@ Layout: `<out>/prepare/<name>.yaml` (the step's config), `<out>/prepare/<name>/`
 (`<out>/prepare/<name>/seed-<s>/` when per_seed) with the log beside it. A step is done when its
 run directory holds a finished summary.json (the same test as an arm's run); an unfinished one is
 moved aside and run again. The steps run in order before any arm, the seeds of a per-seed step
-`--workers` at a time (with the arms' per-worker `run.threads`); they do not receive the sweep's
-other overrides (their config is another file). Their summaries (scalars) go into
-sweep.json under `prepare`.
+`--workers` at a time (with the arms' per-worker `run.threads`). They receive the command line's
+overrides (after their own), the ones without a `{prepare.NAME}` placeholder: a model shape or a
+data setting given on the command line applies to the model every arm starts from too (and an
+override the step's config does not accept is refused before anything runs); the sweep block's
+`overrides:` are the arms' alone. Their summaries (scalars) go into sweep.json under `prepare`.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -90,51 +90,54 @@ def substitute(overrides: Sequence[str], prepare: Mapping[str, Mapping], out: Pa
 @dataclass(frozen=True)
 class RunHooks:
     """How the sweep runs one command (`run(argv, run_dir, log_path) -> exit code`), tells a finished
-    run (`finished(run_dir) -> summary or None`), sets an unfinished one aside, logs, and fails (`error`)."""
+    run (`finished(run_dir) -> summary or None`), logs, and fails (`error`)."""
 
     run: Callable
     finished: Callable[[Path], dict | None]
-    move_aside: Callable[[Path], None]
     log: Callable[[str], None]
     error: type[Exception]
 
 
 def run_prepare(prepare: Mapping[str, Mapping], seeds: Sequence[int], out: Path, hooks: RunHooks, workers: int = 1,
-                extra: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Run every prepare step (each seed of a per-seed one) whose run is not finished yet; one record
-    per run: name, seed (None: once), run_dir, ran (False: found finished), seconds, summary scalars.
-    The seeds of a per-seed step run `workers` at a time, with `extra` overrides (the sweep's
-    per-worker thread count); the steps themselves run in order (a later one may start from an
-    earlier one)."""
-    run_fn, finished, move_aside, log, error = hooks.run, hooks.finished, hooks.move_aside, hooks.log, hooks.error
+                extra: Sequence[str] = (), cli_overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Run every prepare step (each seed of a per-seed one) whose run is not done yet, through the
+    multi-run engine (tether.runs.engine: its resume rule and progress lines); one record per run:
+    name, seed (None: once), run_dir, ran (False: found done), seconds, summary scalars. The seeds of
+    a per-seed step run `workers` at a time, with `extra` overrides (the sweep's per-worker thread
+    count) and the command line's overrides after the step's own; the steps run in order (a later one
+    may start from an earlier one). A failed step raises `hooks.error`: no arm could start without it."""
+    from tether.runs.engine import Member, Plan, run_members
+
+    run_fn, finished, log, error = hooks.run, hooks.finished, hooks.log, hooks.error
     records = []
     for name, step in prepare.items():
         cfg_path = out / "prepare" / f"{name}.yaml"
         cfg_path.parent.mkdir(parents=True, exist_ok=True)
         cfg_path.write_text(yaml.safe_dump(dict(step["config"]), sort_keys=False))
+        seeds_of = list(seeds) if step["per_seed"] else [None]
+        members = [Member(name if s is None else f"{name} seed {s}", step_dir(out, name, step, s if s is not None else 0),
+                          step["command"], s) for s in seeds_of]
 
-        def one(seed: int | None, name: str = name, step: Mapping = step, cfg_path: Path = cfg_path) -> dict[str, Any]:
-            run_dir = step_dir(out, name, step, seed if seed is not None else 0)
-            summary, ran, secs = finished(run_dir), False, 0.0
-            if summary is None:
-                move_aside(run_dir)
-                argv = [step["command"], str(cfg_path), *step["overrides"], *extra,
-                        *([f"run.seed={seed}"] if seed is not None else [])]
-                label = name if seed is None else f"{name} seed {seed}"
-                log(f"[tether sweep] prepare {label}: {step['command']} -> {run_dir}")
-                t = time.perf_counter()
-                code = run_fn(argv, run_dir, run_dir.with_name(f"{run_dir.name}.log"))
-                secs, ran = time.perf_counter() - t, True
-                summary = finished(run_dir) if code == 0 else None
-                if summary is None:
-                    raise error(f"prepare step {label} failed (exit {code}); see {run_dir.with_name(run_dir.name + '.log')}")
-                log(f"[tether sweep] prepare {label}: done ({secs:.0f}s)")
-            return {"name": name, "seed": seed, "run_dir": str(run_dir), "ran": ran, "seconds": secs,
-                    "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}}
+        def execute(m: Member, resume: bool, step: Mapping = step, cfg_path: Path = cfg_path) -> int:
+            argv = [step["command"], str(cfg_path), *step["overrides"], *cli_overrides, *extra,
+                    *([f"run.seed={m.data}"] if m.data is not None else []), *(["--resume"] if resume else [])]
+            code = run_fn(argv, m.path, m.path.with_name(f"{m.path.name}.log"))
+            if code != 0:
+                raise error(f"prepare step {m.name} failed (exit {code}); see {m.path.with_name(m.path.name + '.log')}")
+            return code
 
-        todo = list(seeds) if step["per_seed"] else [None]
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
-            records.extend(pool.map(one, todo))  # in seed order; the first failure is raised
+        def collect(m: Member, _: Any) -> dict[str, Any] | None:
+            summary = finished(m.path)
+            return None if summary is None else {k: v for k, v in summary.items() if not isinstance(v, (dict, list))}
+
+        plan = Plan(execute, collect, describe=lambda v: "done", recorded=lambda m: collect(m, None),
+                    workers=max(1, min(workers, len(members))), recollect=True, raise_errors=True)
+        outcomes = run_members(out / "prepare", "sweep prepare", members, plan, log, record_members=False)
+        for o in outcomes:
+            if not o.ok:
+                raise error(f"prepare step {o.member.name} failed ({o.message})")
+            records.append({"name": name, "seed": o.member.data, "run_dir": str(o.member.path), "ran": o.status == "ran",
+                            "seconds": o.seconds, "summary": o.value})
     return records
 
 

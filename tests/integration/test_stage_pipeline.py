@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +114,8 @@ def test_r1_killed_in_stage_3_resumes_to_the_same_final_metrics(tmp_path):
     assert not (tmp_path / "k" / "rs_sft").exists()
     resumed = _tether("pipeline", str(cfg), "--run-dir", str(tmp_path / "k"), "--resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "rl_zero (rl): done, skipped" in resumed.stdout
+    assert re.search(r"\[tether pipeline\] 6 runs: [1-5] done", resumed.stdout)  # the multi-run engine's resume rule
+    assert re.search(r"\] 2/6 rl_zero: pass@1 [0-9.]+ \(reused\)", resumed.stdout), resumed.stdout[-3000:]
     straight = _tether("pipeline", str(cfg), "--run-dir", str(tmp_path / "s"))
     assert straight.returncode == 0, straight.stderr[-3000:]
     a, b = (json.loads((tmp_path / d / "summary.json").read_text())["stages"] for d in ("k", "s"))

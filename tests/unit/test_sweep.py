@@ -216,7 +216,7 @@ def test_cli_sweep_end_to_end(tmp_path):
     assert [row["n"] for row in payload["table"]] == [2, 2]
     # the same seed starts from the same model: the baseline (step-0) accuracy is identical across arms
     assert payload["table"][1]["vs_first"]["diff"] == pytest.approx(0.0)
-    assert "4/4 runs" in r.stdout and "ETA" in r.stdout
+    assert "[tether sweep] 4/4 " in r.stdout and "ETA" in r.stdout  # the multi-run engine's progress lines
     r2 = _cli("sweep", str(cfg), *TINY, "--grid", "rollout.n=2,4", "--seeds", "0,1", "--metric", "baseline_accuracy",
               "--out", str(out), cwd=tmp_path)
     assert r2.returncode == 0 and "4 done, 0 to run" in r2.stdout

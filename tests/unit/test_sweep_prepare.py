@@ -185,13 +185,13 @@ def test_cli_sweep_with_a_real_sft_prepare_step(tmp_path):
     cmd = [sys.executable, "-m", "tether.cli", "sweep", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o")]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert (tmp_path / "o" / "prepare" / "sft" / "final_model").is_dir() and "prepare sft: done" in r.stdout
+    assert (tmp_path / "o" / "prepare" / "sft" / "final_model").is_dir() and "[tether sweep prepare] 1/1 sft: done" in r.stdout
     payload = json.loads((tmp_path / "o" / "sweep.json").read_text())
     assert payload["prepare"][0]["summary"]["kind"] == "sft" and payload["table"][0]["n"] == 1
     run_cfg = (tmp_path / "o" / "rollout.n=2" / "seed-0" / "config.yaml")
     assert str(tmp_path / "o" / "prepare" / "sft" / "final_model") in run_cfg.read_text()  # the arm started from it
     r2 = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
-    assert r2.returncode == 0 and "prepare sft" not in r2.stdout and "1 done, 0 to run" in r2.stdout
+    assert r2.returncode == 0 and "1/1 sft: done (reused)" in r2.stdout and "1 done, 0 to run" in r2.stdout
 
 
 def test_a_metric_the_reference_arm_lacks_shows_no_difference():

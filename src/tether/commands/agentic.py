@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
         seeds: Optional[str] = typer.Option(None, help="comma-separated run seeds (default: the config's)"),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="default: runs/<name>-context-<timestamp>"),
         overwrite: bool = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir"),
+        resume: bool = typer.Option(False, "--resume", help="reuse finished pipelines, resume the unfinished one"),
     ) -> None:
         """Agent-R1's comparison: the same pipeline per context builder; prints the ordering found."""
         from tether.commands.common import fail_run, known_errors, start_command
@@ -63,10 +64,12 @@ def register(app: typer.Typer) -> None:
             seed_list = [int(s) for s in seeds.split(",")] if seeds else None
         except ValueError:
             fail(f"--seeds {seeds!r}: expected integers like 0,1,2", 2)
+        if resume and run_dir is None:
+            fail("--resume needs --run-dir DIR (the comparison to continue)", 2)
         rd = run_dir or default_run_dir(f"{cfg.run.name}-context")
         typer.echo(f"run directory: {rd}")
         existed = rd.exists()
         try:
-            run_context_comparison(cfg, rd, names, seed_list, overwrite=overwrite)
+            run_context_comparison(cfg, rd, names, seed_list, overwrite=overwrite, resume=resume)
         except known_errors() as err:
             fail_run(rd, existed, err)

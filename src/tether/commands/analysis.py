@@ -44,11 +44,20 @@ def run_plan_command(target: Path, overrides: List[str], req: PlanRequest):
         pilot = PilotResult.load(pilot_file)
     else:
         from tether.policy.hf import load_policy
-        from tether.recipes.evaluate import resolve_target
+        from tether.api.evaluate import resolve_target
+        from tether.errors import UserError
         from tether.train.setup import configure_process, seed_run, setup_problems
         from tether.rollout import make_rollout
 
-        cfg, model_dir, _ = resolve_target(target, overrides)
+        t = resolve_target(target, overrides)
+        if t.kind == "rm":
+            raise UserError(f"{target} is a reward-model run: a plan samples a policy; plan the policy run it rewards "
+                            "(tether eval gives the reward model's pair accuracy)")
+        if t.note:
+            from tether.commands.common import note
+
+            note(t.note)
+        cfg, model_dir = t.cfg, t.model
         seed_run(cfg.run)
         configure_process(cfg.sandbox, cfg.model)
         policy = load_policy(model_dir, cfg.model.device, cfg.model.dtype, cfg.model.autocast_bf16)
@@ -79,7 +88,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="machine-readable plan"),
     ) -> None:
         """Recommend rollouts per problem n, problems per step B_p and steps M for a budget (C = B_p*n*M)."""
-        from tether.commands.common import known_errors, offline_env
+        from tether.commands.common import fail_on, known_errors, offline_env
 
         offline_env()
         if unit not in ("rollouts", "tokens"):
@@ -90,7 +99,7 @@ def register(app: typer.Typer) -> None:
             req = PlanRequest(budget, unit, pilot_problems, pilot_samples, min_steps, pilot_file, save_pilot)
             p, pilot = run_plan_command(target, overrides or [], req)
         except known_errors() as err:
-            fail(str(err), 1)
+            fail_on(err)
         except (ValueError, KeyError) as err:
             fail(str(err), 1)
         if as_json:
@@ -146,17 +155,20 @@ def _register_reports(app: typer.Typer) -> None:
 
     @app.command()
     def report(
-        run_dir: Path = typer.Argument(..., help="a run directory (or a pipeline directory with rl/ or sft/, or a tether sweep directory)"),
-        out: Optional[Path] = typer.Option(None, "--out", help="output file (default: <run>/report.html)"),
+        run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline: its stages; a sweep: its table)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="output file (default: <run>/report.html); a new file, "
+                                           "an earlier report or a run directory"),
     ) -> None:
         """One self-contained HTML report: curves, evaluation, health timeline, trajectories, config."""
-        from tether.report.html import write_report
-        from tether.report.sweep import write_sweep_report
+        from tether.api.report import report as write_any_report
+        from tether.commands.common import fail_on, known_errors
 
         _check_dirs([run_dir])
-        try:  # a sweep directory (tether sweep) gets the sweep page
-            path = write_sweep_report(run_dir, out) if (run_dir / "sweep.json").exists() else write_report(run_dir, out)
-        except (FileNotFoundError, ValueError) as err:
+        try:
+            path = write_any_report(run_dir, out)
+        except known_errors() as err:
+            fail_on(err)
+        except ValueError as err:
             fail(str(err), 1)
         typer.echo(f"wrote {path}")
 
@@ -167,15 +179,19 @@ def _register_reports(app: typer.Typer) -> None:
         x: str = typer.Option("step", "--x", help="x axis of the curves: step | rollouts"),
         as_json: bool = typer.Option(False, "--json", help="print the table as JSON"),
     ) -> None:
-        """A table of headline numbers and overlaid curves for several runs."""
-        from tether.report.compare import format_comparison, run_compare
+        """A table of headline numbers and overlaid curves for several runs (a pipeline: its last stage)."""
+        from tether.api.report import compare as run_compare
+        from tether.commands.common import fail_on, known_errors
+        from tether.report.compare import format_comparison
 
         _check_dirs(run_dirs)
         if x not in ("step", "rollouts"):
             fail(f"--x must be step or rollouts, got {x!r}")
         try:
             rows, path = run_compare(run_dirs, out, x)
-        except (FileNotFoundError, ValueError) as err:
+        except known_errors() as err:
+            fail_on(err)
+        except ValueError as err:
             fail(str(err), 1)
         typer.echo(json.dumps(rows, indent=2, default=str) if as_json else format_comparison(rows))
         if path is not None and not as_json:

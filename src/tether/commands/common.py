@@ -139,6 +139,12 @@ RESUME_OPT = typer.Option(False, "--resume", help="continue from the run directo
                           "(none: start from step 0); the config may change only steps, lr, eval, logging, ... (docs/resume.md)")
 OVERWRITE_OPT = typer.Option(False, "--overwrite", help="replace (delete) an existing run in --run-dir; without it "
                              "(or --resume) an existing run is refused")
+STEP_OPT = typer.Option(None, "--step", help="a checkpoint of the run (checkpoints/step_N) instead of its result model")
+
+
+def note(message: str) -> None:
+    """One line to the user about what a command is working on (e.g. an interrupted run's last model)."""
+    typer.echo(f"tether: note: {message}", err=True)
 
 
 def start_command(config: Optional[Path], overrides: Optional[List[str]]) -> Any:
@@ -169,7 +175,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 __all__ = [
-    "CONFIG_ARG", "OVERRIDES_ARG", "OVERWRITE_OPT", "RESUME_OPT", "RUN_DIR_OPT", "OneLineErrors", "default_run_dir",
-    "describe_error", "fail", "fail_on", "fail_run", "known_errors", "load_config_or_fail", "offline_env",
+    "CONFIG_ARG", "OVERRIDES_ARG", "OVERWRITE_OPT", "RESUME_OPT", "RUN_DIR_OPT", "STEP_OPT", "OneLineErrors", "default_run_dir",
+    "describe_error", "fail", "fail_on", "fail_run", "known_errors", "load_config_or_fail", "note", "offline_env",
     "print_summary", "run_failures", "run_in_dir", "start_command",
 ]

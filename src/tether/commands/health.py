@@ -29,25 +29,30 @@ SMOKE = {"faults": ["lr_spike", "group_mixing"], "severities": ("obvious",), "se
 
 
 def doctor(
-    run_dir: Path = typer.Argument(..., help="a run directory (metrics.jsonl, health.jsonl)"),
+    run_dir: Path = typer.Argument(..., help="a run directory of any kind (a pipeline: per stage; a sweep: per run)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable report"),
 ) -> None:
-    """Health of a run: findings, ranked root causes with evidence, and repairs taken."""
-    from tether.config import load_doctor_config
-    from tether.health.doctor import examine, format_report
+    """Health of a run: findings, ranked root causes with evidence, and repairs taken (per stage / per run and a
+    summary for pipelines and sweeps)."""
+    from tether.api.doctor import doctor as examine_run, format_doctor
+    from tether.commands.common import fail_on, known_errors
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: not a directory", 2)
     try:
-        rep = examine(run_dir, load_doctor_config(run_dir))
-    except (FileNotFoundError, ValueError) as err:
-        fail(f"{err}", 1)
-    typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_report(rep))
+        rep = examine_run(run_dir)
+    except known_errors() as err:
+        fail_on(err)
+    typer.echo(json.dumps(rep, indent=2, default=str) if as_json else format_doctor(rep))
 
 def faultbench(
     out: Path = typer.Option(Path("runs/faultbench"), "--out", help="output directory (cases.jsonl, results.json)"),
     fault: Optional[List[str]] = typer.Option(
         None, "--fault", help="fault types to run (default: all): a name, package.module:Class or path/file.py:Class"),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="tuned | held_out: the faults of one half of the fixed split (tether.health.faults.split)"),
+    replay: bool = typer.Option(
+        False, "--replay", help="with --rescore: re-run the current detectors and diagnosis over the advise runs' metrics"),
     mode: Optional[List[str]] = typer.Option(None, "--mode", help="advise and/or auto (default: both)"),
     auto_remediable_only: bool = typer.Option(
         False, "--auto-remediable-only", help="auto mode only for remediable faults and the healthy controls"),
@@ -84,8 +89,14 @@ def faultbench(
 
         if not (out / "cases.jsonl").is_file():
             fail(f"{out / 'cases.jsonl'}: no such file (run the benchmark first)", 2)
-        typer.echo(format_results(rescore(out, start, planned)))
+        typer.echo(format_results(rescore(out, start, planned, replay)))
         return
+    if split is not None:
+        from tether.health.faults import split as halves
+
+        if split not in ("tuned", "held_out"):
+            fail(f"--split {split!r}: expected tuned or held_out", 2)
+        fault = list(fault or []) + [f for f in (halves.TUNED if split == "tuned" else halves.HELD_OUT) if f not in (fault or [])]
     variants = _variants(variant or [])
     kw = dict(faults=[] if healthy_only else (fault or None), severities=tuple(severity or ("subtle", "obvious")),
               seeds=_seeds(seeds), healthy_seeds=_seeds(healthy_seeds), steps=steps, start=start, variants=variants,

@@ -33,7 +33,8 @@ def register(app: typer.Typer) -> None:
         """Run a grid of configs x seeds (resumable); mean +- s.e. per arm and differences -> sweep.json, sweep.md."""
         from tether.commands.common import load_config_or_fail, offline_env
         from tether.sweep import (
-            COMMANDS, SweepError, SweepSpec, format_table, load_sweep_config, parse_grid, parse_seeds, run_sweep)
+            COMMANDS, SweepError, SweepSpec, check_metric, format_table, load_sweep_config, parse_grid, parse_seeds,
+            run_sweep)
         from tether.sweep_prepare import resolve_prepare, substitute
 
         offline_env()
@@ -47,7 +48,8 @@ def register(app: typer.Typer) -> None:
                 overrides=[str(o) for o in block.get("overrides") or []] + list(overrides or []),
                 arm_list=[a.split() for a in arm] if arm else [[str(o) for o in a] for a in (block.get("arms") or [])],
                 extra_metrics=list(extra_metric or block.get("extra_metrics") or []),
-                prepare=resolve_prepare(block.get("prepare"), config.parent, COMMANDS, SweepError))
+                prepare=resolve_prepare(block.get("prepare"), config.parent, COMMANDS, SweepError),
+                prepare_overrides=[o for o in overrides or [] if "{prepare." not in o])
             spec.validate()
             n_workers = workers if workers is not None else int(block.get("workers", 1))
             if n_workers < 1:
@@ -55,11 +57,21 @@ def register(app: typer.Typer) -> None:
         except SweepError as err:
             fail(str(err))
         rd = out or default_run_dir(f"{base['run']['name']}-sweep")
-        # every arm's (and prepare step's) config must load before anything runs: a typo fails now, not after an hour
+        # every arm's (and prepare step's) config and the metrics must pass before anything runs: a typo fails now,
+        # not after an hour
         for step in spec.prepare.values():
-            _check_arm(step["config"], step["overrides"], load_config_or_fail)
+            _check_arm(step["config"], step["overrides"] + spec.prepare_overrides, load_config_or_fail)
+        stages: list[str] = []
         for arm in spec.arms():
-            _check_arm(base, substitute(spec.overrides + list(arm.overrides), spec.prepare, rd, spec.seeds[0]), load_config_or_fail)
+            cfg = _check_arm(base, substitute(spec.overrides + list(arm.overrides), spec.prepare, rd, spec.seeds[0]),
+                             load_config_or_fail)
+            stages = stages or _stage_names(cfg, spec.command)
+        try:
+            check_metric(spec.metric, spec.command, stages)
+            for m in spec.extra_metrics:
+                check_metric(m, spec.command, stages, "--extra-metric")
+        except SweepError as err:
+            fail(str(err))
         try:
             payload = run_sweep(spec, base, rd, workers=n_workers)
         except SweepError as err:
@@ -72,8 +84,17 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
-def _check_arm(base: dict, overrides: list[str], load) -> None:
-    """Validate one arm's config (base + overrides) through the normal loader; exits 2 on an error."""
+def _stage_names(cfg, command: str) -> list[str]:
+    """The stage names of the pipeline each run of a `--command pipeline` sweep is."""
+    if command != "pipeline":
+        return []
+    from tether.recipes.multistage import plan_stages
+
+    return [st.name for st, _ in plan_stages(cfg)]
+
+
+def _check_arm(base: dict, overrides: list[str], load):
+    """Validate one arm's config (base + overrides) through the normal loader; exits 2 on an error; returns it."""
     import tempfile
 
     import yaml
@@ -81,6 +102,6 @@ def _check_arm(base: dict, overrides: list[str], load) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(base, f)
     try:
-        load(Path(f.name), overrides)
+        return load(Path(f.name), overrides)
     finally:
         Path(f.name).unlink(missing_ok=True)

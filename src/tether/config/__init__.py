@@ -21,6 +21,7 @@ from tether.algos.config import (
     ShapingConfig, ValueConfig,
 )
 from tether.config.checks import find_noop_combinations
+from tether.config.fit import do_fit_auto
 from tether.config.stages import (
     DistillConfig, DPOConfig, MergeConfig, PipelineConfig, RMConfig, RSSFTConfig, SFTConfig, StageConfig,
 )
@@ -108,7 +109,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         source = str(p)
         data.setdefault("run", {}).setdefault("name", p.stem)
     data = apply_overrides(data, overrides or [], TetherConfig().model_dump(mode="json"))  # list items: a.0.b=c
-    return build_config(data, source)
+    return build_config(do_fit_auto(data, source), source)  # `auto` values follow the model and the data (config.fit)
 
 
 def load_doctor_config(run_dir: str | Path) -> TetherConfig:

@@ -75,7 +75,10 @@ class RewardNoiseDetector(Detector):
     defaults = {"drop": 0.12, "unpaid": 0.12}
 
     def evaluate(self, h, ctx):
-        base, x = h.baseline("health/reward_correct_mean", abs_floor=0.01), _recent_mean(h, "health/reward_correct_mean", 2)
+        # no relative floor: a verifier pays every correct sample exactly 1 (scale 0), and 5% of that would
+        # hide a fifth of them going unpaid; `unpaid` is the absolute bar
+        base = h.baseline("health/reward_correct_mean", rel_floor=0.0, abs_floor=0.01)
+        x = _recent_mean(h, "health/reward_correct_mean", 2)
         if base is not None and x is not None and x < base.median - max(self.p["unpaid"], 4 * base.scale):
             level = 2 if x < base.median - 2 * self.p["unpaid"] else 1
             return level, f"verified-correct samples are paid {x:.3g} on average (baseline {base.median:.3g})", {

@@ -164,9 +164,20 @@ class RewardLinkageDetector(Detector):
     sample's verdict instead of its own (reward records attached to the wrong samples)."""
 
     name, mode, needs_baseline = "reward_linkage", "reward_misalignment", False
-    defaults = {"auc": 0.35, "pairs": 20.0, "shift_margin": 0.25, "shift": 0.6}
+    defaults = {"auc": 0.35, "pairs": 20.0, "shift_margin": 0.25, "shift": 0.6, "routed": 0.9, "disagree": 0.1,
+                "routed_k": 3}
 
     def evaluate(self, h, ctx):
+        k = int(self.p["routed_k"])
+        recent = [(finite(r.get("health/reward_disagree_groups")), finite(r.get("health/reward_routed_frac")))
+                  for r in h.rows[-k:]]
+        if len(recent) == k and all(d is not None and f is not None and d >= self.p["disagree"] and f >= self.p["routed"]
+                                    for d, f in recent):
+            d = sum(x for x, _ in recent) / k
+            return 1, (f"{d:.0%} of the groups pay samples against their verdicts, yet each pays exactly as many "
+                       "samples as are correct: the group's rewards reach the wrong samples"), {
+                "health/reward_routed_frac": {"value": round(sum(f for _, f in recent) / k, 4), "disagree": round(d, 4)},
+                "rule": "routed"}
         own, shift = finite(h.latest("health/reward_corr_own")), finite(h.latest("health/reward_corr_shift"))
         if own is not None and shift is not None and shift > self.p["shift"] and shift > own + self.p["shift_margin"]:
             return 1, f"rewards follow a neighbouring sample's verdict (corr {shift:.2f}) more than their own ({own:.2f})", {
@@ -211,12 +222,25 @@ class AccuracyDropDetector(Detector):
 
 @register_detector
 class LossMaskDetector(Detector):
-    """The loss mask covers a different number of tokens than were sampled."""
+    """The loss mask does not cover exactly the sampled tokens: position by position (`position`:
+    sampled tokens outside it, unsampled ones inside it; where: the first or last sampled token,
+    the whole mask moved by one), or in number (`coverage`)."""
 
     name, mode, needs_baseline = "loss_mask", "credit_assignment", False
     persist = 1
 
     def evaluate(self, h, ctx):
+        missed, extra = finite(h.latest("health/mask_missed")), finite(h.latest("health/mask_extra"))
+        if (missed or 0) > 0 or (extra or 0) > 0:
+            where = {k: v for k in ("shifted", "missed_last", "missed_first")
+                     if (v := finite(h.latest(f"health/mask_{k}"))) is not None and v > 0}
+            how = ("moved by one position" if where.get("shifted", 0) > 0 else "misses the last sampled token"
+                   if where.get("missed_last", 0) > 0 else "misses the first sampled token" if where.get("missed_first", 0) > 0
+                   else "disagrees with the sampled positions")
+            return 2, (f"the loss mask {how}: {missed or 0:.1%} of the sampled tokens outside it, unsampled positions "
+                       f"inside it {extra or 0:.1%} of their number"), {
+                "health/mask_missed": {"value": round(missed or 0, 5)}, "health/mask_extra": {"value": round(extra or 0, 5)},
+                "where": {k: round(v, 4) for k, v in where.items()}, "rule": "position"}
         if ctx.sequences_filtered:
             return OK
         n = finite(h.latest("batch/loss_tokens"))

@@ -1,107 +1,46 @@
-"""Diagnosis: ranked root-cause hypotheses from the findings of recent steps.
+"""Diagnosis: ranked root-cause hypotheses from the findings of recent steps, with abstention and
+a calibrated confidence.
 
-Each cause has a fingerprint: weights on the detectors (or `detector:rule` sub-rules) whose
-findings it explains (a negative weight is evidence against it). A hypothesis scores sum(weight x severity x earliness) over the distinct
-signatures present, where the earliest-firing signatures count 1.5x (a root cause shows first;
-its consequences - a falling accuracy, a grad spike - follow; one step later counts 1.2x). Ranked by score; `confidence` is the
-score's share of all scores. The fingerprints encode how each failure shows in telemetry
-(docs/health/README.md; docs/design.md, correctness rules 3-8, 12, 16 and 17); faultbench measures how often the top
-hypothesis is the injected cause. When no fingerprint explains the findings, or the two best
-explain them about equally (top confidence < 0.3 and a second within 80% of its score), the first
-hypothesis is `unknown` with the evidence: auto mode then never acts on a guess (it halts once
-accuracy regresses).
+Each cause (`tether.health.causes.CAUSES`) states what it predicts for every signal: the
+signals it predicts move (its fingerprint's positive weights), the ones whose movement rules it
+out (`quiet`), and - implicitly - every other signal stays quiet under it. For a set of findings:
+
+- `score`: sum(weight x strength) over the signatures present (strength: 1 critical / 0.6 warn,
+  x1.5 for the earliest-firing signatures and x1.2 one step later - a root cause shows first, its
+  consequences follow), minus `CONTRADICTION` x the strength of every finding it rules out;
+- `fit`: the share of the evidence (the strength of the distinct detectors that fired, outcomes
+  such as `regression` left aside when anything else fired) that the cause predicts;
+- `confidence`: the calibrated probability that the named cause is the right one - a logistic
+  function of the top cause's fit, its share of all scores and its margin over the second, whose
+  coefficients (`CALIBRATION`) were fitted on the tuned half of the fault benchmark
+  (benchmarks/faultbench_calibrate.py; the reliability table: docs/health/README.md).
+
+The top cause is named only when one of its hallmarks fired, it explains at least `FIT_MIN` (0.6)
+of the evidence, nothing it rules out fired, and its confidence is at least `NAME_MIN`. Otherwise the first hypothesis is
+`unexplained` - "unexplained anomaly", with the evidence, the signals that moved and, for the
+nearest causes, what each leaves unexplained or contradicts - and never the nearest label; auto
+mode does not repair on it (it holds, and halts at the last healthy weights once accuracy
+regresses).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from tether.health.causes import CAUSES, DOWNSTREAM, Cause
 from tether.health.detectors import Finding, RunContext
 
+UNEXPLAINED = "unexplained"
+CONTRADICTION = 3.0  # score lost per unit of strength of a finding a cause rules out
+FIT_MIN = 0.6  # a named cause predicts most of the evidence
+NAME_MIN = 0.4  # ... and is right at least 40% of the time, by the calibration
+# logistic coefficients of P(top cause right | fit, share, margin) (benchmarks/faultbench_calibrate.py)
+CALIBRATION = {"bias": -2.5, "fit": 3.0, "share": 2.0, "margin": 1.5}
 
-@dataclass(frozen=True)
-class Cause:
-    name: str
-    family: str  # reward | optimisation | credit_assignment | data | system
-    title: str
-    fingerprint: dict[str, float]
-    actions: tuple[str, ...] = ()  # remediation candidates, in order (tether.health.remediation)
-    advice: str = ""
-
-
-CAUSES: dict[str, Cause] = {c.name: c for c in (
-    Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
-          {"grad_spike": 3, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2, "entropy_explosion": 1,
-           "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3},
-          ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
-          "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor"),
-    Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
-          {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
-          "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
-    Cause("entropy_collapse", "optimisation", "exploration collapsed (temperature too low, entropy penalty)",
-          {"entropy_collapse": 3, "no_signal": 0.5, "length:collapse": 0.3},
-          ("raise_temperature",), "raise rollout temperature, clip-higher, Clip-Cov/KL-Cov, an entropy bonus"),
-    Cause("entropy_explosion", "optimisation", "entropy blow-up (entropy bonus / clip-higher too permissive)",
-          {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3, "kl_explosion": -1.5,
-           "kl_explosion:sustained": 1.5, "grad_spike": -1},
-          ("drop_entropy_bonus", "raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor"),
-    Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
-          {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3,
-           "proxy_reward": -2},
-          ("downweight_component", "raise_kl"), "fix the loophole in the verifier / shaping term; down-weight it"),
-    Cause("learned_reward_exploited", "reward", "a learned reward (reward model, judge) is being exploited: "
-          "it no longer agrees with the verifier on held-out probes",
-          {"learned_reward": 5, "learned_reward:agreement": 3, "reward_hacking": 0.5, "proxy_reward": 8},
-          ("downweight_component", "halt"),
-          "stop RL against it (DeepSeek-R1 caps RM-based RL), retrain the RM on the policy's recent samples, "
-          "or mix in a verifiable reward; down-weight the component"),
-    Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
-          {"reward_noise": 1.5, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
-           "reward_linkage": -5, "proxy_reward": -3},
-          (), "check the verifier / judge on labelled samples; increase n or use a stricter verifier"),
-    Cause("misaligned_reward", "reward", "the reward scores the wrong thing (inverted, or attached to the wrong samples)",
-          {"reward_linkage": 2, "reward_linkage:linkage": 6, "reward_linkage:inverted": 6, "reward_noise": 0.5,
-           "regression": 0.3, "accuracy_drop": 0.3}, ("halt",),
-          "check the reward's sign and that each reward record is indexed by the sample it scores"),
-    Cause("reward_failures", "reward", "reward function failing (errors, time-outs, invalid values)",
-          {"error_surge": 4, "stall": 0.5}, (),
-          "see reward/error_rate and samples' error fields; fix the reward service"),
-    Cause("advantage_bug", "credit_assignment", "advantage sign / estimator bug",
-          {"advantage_misalignment": 4, "advantage_invariants": 4, "regression": 0.5, "accuracy_drop": 0.3}, ("halt",),
-          "check the advantage estimator: advantages must rise with reward inside a group"),
-    Cause("grouping_bug", "credit_assignment", "samples grouped with the wrong prompt",
-          {"group_integrity": 5, "group_structure:size": 6, "advantage_invariants": 0.5}, ("halt",),
-          "samples of one prompt must share one group id (uid), and a group holds rollout.n samples"),
-    Cause("loss_mask_bug", "credit_assignment", "the loss mask does not cover exactly the sampled tokens",
-          {"loss_mask": 5, "length": 0.5, "truncation": 0.5}, ("halt",),
-          "build the mask from lengths and stop reasons (never token values: pad may equal eos)"),
-    Cause("data_corruption", "data", "corrupted data (wrong labels, damaged prompts)",
-          # a regression that no optimisation, reward or credit signal explains points at the data
-          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 1.5, "accuracy_drop": 1, "no_signal": 0.3},
-          ("halt",),
-          "inspect samples/step_*.jsonl.gz: prompts and gold answers"),
-    Cause("data_repetition", "data", "the data loader repeats the same problems",
-          {"data_shift:repeat": 4}, ("halt",), "check the loader's epoch/shuffle state"),
-    Cause("duplicate_problems", "data", "the loader hands out the same problem several times in one step",
-          {"group_structure:duplicate": 5, "data_shift:repeat": 0.5}, ("halt",),
-          "check the sampler / sharding: each rank must read a distinct shard of every batch"),
-    Cause("stale_weights", "system", "rollout engine runs stale weights (weight sync not delivered)",
-          {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
-          ("halt",),
-          "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync"),
-    Cause("rollout_mismatch", "system", "rollout sampling settings or numerics differ from the trainer's",
-          {"logp_gap": 3, "logp_floor": 3, "logp_gap:sawtooth": -2, "stale_weights": -3, "entropy_collapse": 0.3},
-          ("enable_is_correction",),
-          "align temperature/top-p/top-k and precision between engine and trainer; keep TIS/MIS on"),
-    Cause("slow_component", "system", "a slow reward, environment or sync stalls the steps",
-          {"stall": 4}, (), "see time/* per phase; scale the reward service or raise its concurrency"),
-    Cause("truncation", "system", "generation limit too short: responses truncated",
-          {"truncation": 3, "no_signal": 1.5, "length": 0.3}, ("raise_max_tokens", "raise_max_tokens_x4"),
-          "raise rollout.sampling.max_new_tokens (or add overlong shaping)"),
-    Cause("no_signal", "data", "no learning signal (tasks all solved or all failed)",
-          {"no_signal": 2}, (), "adjust task difficulty, raise rollout.n, enable dynamic sampling"),
-)}
+__all__ = ["CAUSES", "CALIBRATION", "Cause", "Hypothesis", "UNEXPLAINED", "compute_confidence", "diagnose", "proxy_reward",
+           "signatures"]
 
 
 @dataclass(frozen=True)
@@ -115,11 +54,22 @@ class Hypothesis:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     actions: tuple[str, ...] = ()
     advice: str = ""
+    fit: float = 0.0  # share of the evidence this cause predicts
+    share: float = 0.0  # its score's share of all scores
+    margin: float = 0.0  # 1 - second score / this score (the top hypothesis; 0 for the others)
+    unexplained: tuple[str, ...] = ()  # detectors that fired and this cause does not predict
+    contradicted: tuple[str, ...] = ()  # detectors that fired and this cause rules out
+    moved: tuple[str, ...] = ()  # `unexplained`: the signals that moved (metric keys of the evidence)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cause": self.cause, "family": self.family, "title": self.title, "score": round(self.score, 3),
-                "confidence": round(self.confidence, 3), "since": self.since, "evidence": self.evidence,
-                "actions": list(self.actions), "advice": self.advice}
+        out = {"cause": self.cause, "family": self.family, "title": self.title, "score": round(self.score, 3),
+               "confidence": round(self.confidence, 3), "since": self.since, "evidence": self.evidence,
+               "actions": list(self.actions), "advice": self.advice, "fit": round(self.fit, 3),
+               "share": round(self.share, 3), "margin": round(self.margin, 3),
+               "unexplained": list(self.unexplained), "contradicted": list(self.contradicted)}
+        if self.moved:
+            out["moved"] = list(self.moved)
+        return out
 
 
 REWARD_SIGNALS = ("reward_noise", "reward_hacking", "reward_linkage", "learned_reward")
@@ -151,55 +101,121 @@ def signatures(f: Finding, proxy: bool = False) -> list[str]:
     return keys
 
 
+def compute_confidence(fit: float, share: float, margin: float, coef: dict[str, float] | None = None) -> float:
+    """P(the top cause is right | its fit, share and margin): the calibrated logistic model."""
+    c = coef or CALIBRATION
+    z = c["bias"] + c["fit"] * fit + c["share"] * share + c["margin"] * margin
+    return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+
+
+@dataclass
+class _Evidence:
+    """The findings of a diagnosis by signature: the latest (critical first), first step, strength."""
+
+    latest: dict[str, Finding]
+    first_since: dict[str, int]
+    strength: dict[str, float]  # signature -> severity x earliness
+    units: dict[str, float]  # detector -> its strength (the evidence a fit is measured on)
+    keys_of: dict[str, list[str]]  # detector -> its signatures
+
+    @classmethod
+    def gather(cls, findings: Iterable[Finding], proxy: bool) -> "_Evidence":
+        latest: dict[str, Finding] = {}
+        first_since: dict[str, int] = {}
+        keys_of: dict[str, list[str]] = {}
+        for f in findings:
+            for key in signatures(f, proxy):
+                prev = latest.get(key)
+                if prev is None or f.severity == "critical" or prev.severity != "critical":
+                    latest[key] = f
+                first_since[key] = min(first_since.get(key, f.since), f.since)
+                keys_of.setdefault(f.detector, [])
+                if key not in keys_of[f.detector]:
+                    keys_of[f.detector].append(key)
+        earliest = min(first_since.values(), default=0)
+        strength = {}
+        for key, f in latest.items():
+            lag = first_since[key] - earliest
+            strength[key] = (1.0 if f.severity == "critical" else 0.6) * (1.5 if lag == 0 else 1.2 if lag == 1 else 1.0)
+        units = {d: max(strength[k] for k in ks) for d, ks in keys_of.items()}
+        if any(d not in DOWNSTREAM for d in units):  # outcomes count only when nothing else fired
+            units = {d: s for d, s in units.items() if d not in DOWNSTREAM}
+        return cls(latest, first_since, strength, units, keys_of)
+
+    @property
+    def earliest(self) -> int:
+        return min(self.first_since.values())
+
+
+def _score(cause: Cause, ev: _Evidence) -> tuple[float, float, tuple[str, ...], tuple[str, ...], int | None, list]:
+    """(score, fit, unexplained detectors, contradicted detectors, since, evidence records) of one cause."""
+    score, since, records = 0.0, None, {}
+    for key, w in cause.fingerprint.items():
+        if key not in ev.latest:
+            continue
+        f = ev.latest[key]
+        score += w * ev.strength[key]
+        if w > 0:
+            since = ev.first_since[key] if since is None else min(since, ev.first_since[key])
+            records.setdefault(f.detector, {"detector": f.detector, "since": ev.first_since[key], "severity": f.severity,
+                                            "message": f.message})
+    explained = [d for d, ks in ev.keys_of.items() if d in ev.units and any(cause.predicts(k) for k in ks)]
+    if not any(cause.hallmark(k) for k in ev.latest):  # side effects alone name nothing
+        explained = []
+    against = tuple(sorted(d for d, ks in ev.keys_of.items() if any(k in cause.quiet for k in ks)))
+    score -= CONTRADICTION * sum(ev.units.get(d, max(ev.strength[k] for k in ev.keys_of[d])) for d in against)
+    total = sum(ev.units.values())
+    fit = sum(ev.units[d] for d in explained) / total if total else 0.0
+    missing = tuple(sorted(d for d in ev.units if d not in explained))
+    return score, fit, missing, against, since, list(records.values())
+
+
 def diagnose(findings: Iterable[Finding], ctx: RunContext | None = None) -> list[Hypothesis]:
     """Ranked hypotheses (best first) explaining `findings` (the recent ones of a run); `ctx`:
-    the run's reward context (a proxy reward makes reward findings point at it)."""
-    latest: dict[str, Finding] = {}
-    first_since: dict[str, int] = {}
-    proxy = proxy_reward(ctx)
-    for f in findings:
-        for key in signatures(f, proxy):
-            prev = latest.get(key)
-            if prev is None or f.severity == "critical" or prev.severity != "critical":
-                latest[key] = f
-            first_since[key] = min(first_since.get(key, f.since), f.since)
-    if not latest:
+    the run's reward context (a proxy reward makes reward findings point at it). The first is
+    `unexplained` when no cause explains the evidence well enough to be named."""
+    findings = list(findings)
+    if not findings:
         return []
-    earliest = min(first_since.values())
+    ev = _Evidence.gather(findings, proxy_reward(ctx))
     scored = []
     for cause in CAUSES.values():
-        score, ev, since = 0.0, {}, None
-        for key, w in cause.fingerprint.items():
-            f = latest.get(key)
-            if f is None:
-                continue
-            sev = 1.0 if f.severity == "critical" else 0.6
-            lag = first_since[key] - earliest
-            score += w * sev * (1.5 if lag == 0 else 1.2 if lag == 1 else 1.0)
-            if w > 0:
-                since = first_since[key] if since is None else min(since, first_since[key])
-                ev.setdefault(f.detector, {"detector": f.detector, "since": first_since[key], "severity": f.severity,
-                                           "message": f.message})
-        if score > 0 and ev:
-            scored.append((score, cause, since, list(ev.values())))
-    total = sum(s for s, *_ in scored)
+        score, fit, missing, against, since, records = _score(cause, ev)
+        if score > 0 and records:
+            scored.append((score, cause, since, records, fit, missing, against))
     scored.sort(key=lambda x: (-x[0], x[2]))
-    hyps = [Hypothesis(c.name, c.family, c.title, s, s / total, since, ev, c.actions, c.advice) for s, c, since, ev in scored]
-    if not hyps or (len(hyps) > 1 and hyps[0].confidence < UNKNOWN_CONFIDENCE and hyps[1].score > 0.8 * hyps[0].score):
-        return [unknown_hypothesis(latest, first_since, earliest)] + hyps
+    total = sum(s for s, *_ in scored)
+    hyps = []
+    for i, (s, c, since, records, fit, missing, against) in enumerate(scored):
+        margin = 1.0 - (scored[1][0] / s if len(scored) > 1 else 0.0) if i == 0 else 0.0
+        share = s / total
+        conf = compute_confidence(fit, share, margin)
+        hyps.append(Hypothesis(c.name, c.family, c.title, s, conf, since, records, c.actions, c.advice, fit, share,
+                               margin, missing, against))
+    if not hyps or not _nameable(hyps[0]):
+        return [unexplained_hypothesis(ev, hyps)] + hyps
     return hyps
 
 
-UNKNOWN_CONFIDENCE = 0.3  # below this, with a close second, no cause is named
+def _nameable(h: Hypothesis) -> bool:
+    return h.fit >= FIT_MIN and not h.contradicted and h.confidence >= NAME_MIN
 
 
-def unknown_hypothesis(latest: dict[str, Finding], first_since: dict[str, int], earliest: int) -> Hypothesis:
-    """"Unknown - here is the evidence": no fingerprint explains the findings, or two explain them
-    about equally; a confident wrong label would send the user (and auto mode) the wrong way."""
-    ev = {}
-    for key, f in latest.items():
-        ev.setdefault(f.detector, {"detector": f.detector, "since": first_since[key], "severity": f.severity,
-                                   "message": f.message})
-    return Hypothesis("unknown", "unknown", "unknown cause: no fingerprint explains the findings clearly", 0.0, 0.0,
-                      earliest, list(ev.values()), ("halt",),
-                      "inspect the evidence below and samples/step_*.jsonl.gz; `tether doctor` shows every finding")
+def unexplained_hypothesis(ev: _Evidence, nearest: list[Hypothesis]) -> Hypothesis:
+    """"Unexplained anomaly - here is the evidence": no cause explains the findings well enough
+    (or the best one is ruled out by a signal that moved); a confident wrong label would send the
+    user (and auto mode) the wrong way. Carries every finding, the metric keys that moved, and -
+    in its advice - what the nearest causes leave unexplained or contradict."""
+    records, moved = {}, []
+    for key, f in ev.latest.items():
+        records.setdefault(f.detector, {"detector": f.detector, "since": ev.first_since[key], "severity": f.severity,
+                                        "message": f.message, "signals": {k: v for k, v in f.evidence.items()
+                                                                          if isinstance(v, dict)}})
+        moved += [k for k, v in f.evidence.items() if isinstance(v, dict) and k not in moved]
+    near = "; ".join(f"{h.cause} explains {h.fit:.0%}" + (f", not {', '.join(h.unexplained)}" if h.unexplained else "")
+                     + (f", ruled out by {', '.join(h.contradicted)}" if h.contradicted else "") for h in nearest[:3])
+    best = nearest[0].confidence if nearest else 0.0
+    return Hypothesis(UNEXPLAINED, UNEXPLAINED, "unexplained anomaly: no cause in the taxonomy explains the evidence",
+                      0.0, 1.0 - best, ev.earliest, list(records.values()), ("halt",),
+                      "no known cause fits: inspect the signals that moved (evidence) and samples/step_*.jsonl.gz"
+                      + (f"; nearest: {near}" if near else ""), moved=tuple(moved))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.health.detectors import Finding, RunContext
-from tether.health.diagnosis import diagnose
+from tether.health.diagnosis import UNEXPLAINED, diagnose
 
 
 def _load_rows(run: Path) -> list[dict[str, Any]]:
@@ -42,11 +42,34 @@ def _contexts(cfg: Any, run: Path | None) -> dict[int, RunContext]:
     return out
 
 
-def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None) -> tuple[list[Finding], list[Any]]:
-    """Findings of every step and the final diagnosis, re-computed from metrics rows."""
+class _Records:
+    """A run directory stand-in that keeps the records the monitor writes (`append_health`)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def append_health(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+
+def replay_events(run_dir: str | Path, cfg: Any) -> list[dict[str, Any]]:
+    """The findings, diagnoses and decisions the monitor writes to health.jsonl, re-computed by
+    the current detectors and diagnosis from the run's metrics.jsonl: the same records an
+    advise-mode run would have written with this code (auto mode's actions change the run
+    itself, so they cannot be replayed). faultbench re-scores its advise runs with it. `cfg`: the
+    run's config (`tether.config.load_doctor_config`)."""
+    run = Path(run_dir)
+    sink = _Records()
+    replay(_load_rows(run), cfg, run, sink)
+    return sink.records
+
+
+def replay(rows: list[dict[str, Any]], cfg: Any, run: Path | None = None, sink: Any = None) -> tuple[list[Finding], list[Any]]:
+    """Findings of every step and the final diagnosis, re-computed from metrics rows (`sink`:
+    receives the monitor's health.jsonl records)."""
     from tether.health.monitor import HealthMonitor
 
-    mon = HealthMonitor(cfg, rd=None, watchdog=False)
+    mon = HealthMonitor(cfg, rd=sink, watchdog=False)
     contexts = _contexts(cfg, run)
     rollbacks = {int(e["step"]): int(e["discarded_from"]) for e in (_events(run) if run is not None else [])
                  if e.get("kind") == "action" and e.get("discarded_from") is not None}
@@ -100,9 +123,12 @@ def examine(run_dir: str | Path, cfg: Any) -> dict[str, Any]:
             d["severity"], d["message"] = "critical", f.message
     top = hyps[0] if hyps else None
     events = _events(run)
+    from tether.health.first_steps import find_first_step_findings  # why a reward is flat, each with its fix
+
+    first = [f.to_json() for f in find_first_step_findings(run)]
     return {
         "run_dir": str(run), "steps": len(rows), "first_step": rows[0]["step"] if rows else None,
-        "last_step": rows[-1]["step"] if rows else None, "healthy": not findings,
+        "last_step": rows[-1]["step"] if rows else None, "healthy": not findings and not first, "first_steps": first,
         "since": top.since if top else None, "family": top.family if top else None, "cause": top.cause if top else None,
         "hypotheses": [h.to_json() for h in hyps[:5]],
         "findings": sorted(by_det.values(), key=lambda d: (d["since"], d["first_step"])),
@@ -113,12 +139,20 @@ def examine(run_dir: str | Path, cfg: Any) -> dict[str, Any]:
 
 def format_report(rep: dict[str, Any]) -> str:
     lines = [f"run: {rep['run_dir']}  (steps {rep['first_step']}..{rep['last_step']})"]
-    if rep["healthy"]:
+    if rep.get("first_steps") and not rep["findings"]:
+        lines.append(f"status: UNHEALTHY - the first steps show why the reward is flat ({len(rep['first_steps'])} "
+                     "finding(s) below)")
+    elif rep["healthy"]:
         lines.append(f"status: HEALTHY - no detector fired in {rep['steps']} steps")
+    elif rep["cause"] == UNEXPLAINED:
+        top = rep["hypotheses"][0]
+        lines.append(f"status: UNHEALTHY since step {rep['since']} - UNEXPLAINED ANOMALY: no cause in the taxonomy "
+                     "explains the evidence (no automatic repair is attempted)")
+        lines.append(f"  signals that moved: {', '.join(top.get('moved', [])) or '-'}")
     else:
         top = rep["hypotheses"][0] if rep["hypotheses"] else {}
         lines.append(f"status: UNHEALTHY since step {rep['since']} - family: {rep['family']} - likely cause: "
-                     f"{top.get('title', '?')} ({100 * top.get('confidence', 0):.0f}%)")
+                     f"{top.get('title', '?')} ({100 * top.get('confidence', 0):.0f}% confidence, calibrated)")
         lines.append("")
         lines.append("findings:")
         for d in rep["findings"]:
@@ -126,11 +160,18 @@ def format_report(rep: dict[str, Any]) -> str:
             lines.append(f"  steps {span:9s} {d['detector']:22s} [{d['severity']}] since {d['since']}: {d['message']}  ({d['doc']})")
         lines.append("")
         lines.append("hypotheses:")
-        for i, h in enumerate(rep["hypotheses"][:3], 1):
+        for i, h in enumerate(rep["hypotheses"][:4], 1):
             ev = ", ".join(f"{e['detector']} since {e['since']}" for e in h["evidence"])
-            lines.append(f"  {i}. {h['cause']} ({h['family']}, {100 * h['confidence']:.0f}%): {h['title']}; evidence: {ev}")
+            fit = "" if h["cause"] == UNEXPLAINED else (
+                f"; explains {100 * h.get('fit', 0):.0f}% of the evidence" + (f", not {', '.join(h['unexplained'])}"
+                                                                                 if h.get("unexplained") else "")
+                + (f"; ruled out by {', '.join(h['contradicted'])}" if h.get("contradicted") else ""))
+            lines.append(f"  {i}. {h['cause']} ({h['family']}, {100 * h['confidence']:.0f}%): {h['title']}; evidence: {ev}{fit}")
         if rep["hypotheses"]:
             lines.append(f"  advice: {rep['hypotheses'][0]['advice']}")
+    if rep.get("first_steps"):
+        lines += ["", "first steps (each with its fix):"]
+        lines += [f"  {f['name']}: {f['message']}\n    fix: {f['fix']}" for f in rep["first_steps"]]
     acts = [e for e in rep["events"] if e.get("kind") in ("action", "halt", "hang", "advice", "detector_error", "monitor_error")]
     if acts:
         lines.append("")

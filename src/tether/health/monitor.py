@@ -14,29 +14,29 @@ failing monitor is logged and skipped. A watchdog thread names the phase a hung 
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import logging
 import math
-import os
-import sys
-import threading
 import time
 import traceback
 from typing import Any
 
-from tether.health import detectors_learned, detectors_rollout, detectors_sanity  # noqa: F401  (register their detectors)
+from tether.health import (detectors_learned, detectors_progress, detectors_rollout,  # noqa: F401  (register their detectors)
+                           detectors_sanity)
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import (ACTIONS, RESIDUAL_BAND, SIZE_ACTIONS, Snapshot, do_rollback, helped, probe_drop,
                                        residual, restore_in_force, take_snapshot, update_ratio, window_before)
-from tether.health.telemetry import History, compute_trajectory_stats, compute_weights_fingerprint, finite
+from tether.health.invariants import compute_param_norm
+from tether.health.watchdog import Watchdog, current_phase
+from tether.health.telemetry import (History, compute_buffers_fingerprint, compute_trajectory_stats,
+                                     compute_weights_fingerprint, finite)
 from tether.io.state import decode_state, encode_state
 
 log = logging.getLogger("tether.health")
 # findings that mean the weights themselves are damaged: a repair then starts from a rollback
 DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
           "length", "reward_hacking", "nonfinite", "advantage_misalignment", "advantage_invariants", "accuracy_drop",
-          "loss_mask", "reward_linkage", "update_size"}
+          "loss_mask", "reward_linkage", "update_size", "progress"}
 
 
 def build_detectors(hc: Any) -> dict[str, Detector]:
@@ -114,6 +114,7 @@ class HealthMonitor:
         self.overhead_s = 0.0
         self._prev_tasks: list[str] = []
         self.weight_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's weights
+        self.buffer_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's buffers
         self._ctx: RunContext | None = None
         self._unactionable: set[str] = set()
         self._tried = 0
@@ -143,6 +144,8 @@ class HealthMonitor:
         metrics.update(compute_trajectory_stats(groups, self._prev_tasks))
         self._prev_tasks = [g.task_id for g in groups]
         metrics["health/weights_mismatch"] = self._check_weights(metrics)
+        metrics["health/buffers_mismatch"] = self._check_weights(metrics, "rollout/buffers_fp", self.buffer_fps)
+        metrics["health/param_norm"] = compute_param_norm(getattr(getattr(st, "policy", None), "model", None))
         ctx = build_context(cfg)
         if ctx != self._ctx:  # recorded so that `tether doctor` replays with the same reward weights
             self._ctx = ctx
@@ -154,22 +157,26 @@ class HealthMonitor:
         self._record_weights(st)  # after any rollback: the weights the next rollout must run
         return halt
 
-    def _check_weights(self, metrics: dict) -> float:
-        """1.0 when the rollout's weights differ from the trainer's at the version the rollout reports
-        for them (rollout/weights_fp_version; a silently failed weight sync), 0.0 when they match,
-        NaN when either is unknown (no fingerprint, first step, resumed run)."""
-        fp, v = finite(metrics.get("rollout/weights_fp")), finite(metrics.get("rollout/weights_fp_version",
-                                                                              metrics.get("health/rollout_version_min")))
-        ref = self.weight_fps.get(int(v)) if v is not None else None
+    def _check_weights(self, metrics: dict, key: str = "rollout/weights_fp", fps: dict[int, float] | None = None) -> float:
+        """1.0 when the rollout's weights (`key`: rollout/weights_fp, or rollout/buffers_fp for the
+        non-parameter state) differ from the trainer's at the version the rollout reports for them
+        (rollout/weights_fp_version; a silently failed weight sync), 0.0 when they match, NaN when
+        either is unknown (no fingerprint, first step, resumed run)."""
+        fp, v = finite(metrics.get(key)), finite(metrics.get("rollout/weights_fp_version",
+                                                             metrics.get("health/rollout_version_min")))
+        fps = self.weight_fps if fps is None else fps
+        ref = fps.get(int(v)) if v is not None else None
         if fp is None or ref is None:
             return float("nan")
         return 0.0 if abs(fp - ref) <= 1e-9 * max(1.0, abs(ref)) else 1.0
 
     def _record_weights(self, st: Any) -> None:
-        fp = compute_weights_fingerprint(getattr(getattr(st, "policy", None), "model", None))
-        if math.isfinite(fp):
-            self.weight_fps = {**{k: x for k, x in self.weight_fps.items() if k > st.policy.version - 8},
-                               int(st.policy.version): fp}
+        model = getattr(getattr(st, "policy", None), "model", None)
+        for name, fn in (("weight_fps", compute_weights_fingerprint), ("buffer_fps", compute_buffers_fingerprint)):
+            fp = fn(model)
+            if math.isfinite(fp):
+                kept = {k: x for k, x in getattr(self, name).items() if k > st.policy.version - 8}
+                setattr(self, name, {**kept, int(st.policy.version): fp})
 
     def run_detectors(self, step: int, row: dict, ctx: RunContext) -> list[Finding]:
         """Add `row` to the history, run every enabled detector, report and diagnose."""
@@ -450,58 +457,6 @@ def build_health(cfg: Any, rd: Any = None, st: Any = None, state: dict[str, Any]
         for s in sorted(by_step):
             mon.history.add(s, by_step[s])
     return mon
-
-
-# ----------------------------------------------------------------------------- watchdog
-
-def current_phase(thread_id: int | None = None) -> str | None:
-    """The phase the main thread's recipe marked (`tether.phase`); None outside training."""
-    from tether.phase import current_phase as marked
-
-    return marked(thread_id)
-
-
-class Watchdog:
-    """Samples the main thread's phase every `interval` s; one phase lasting `timeout_s` is a
-    hang: stacks go to stderr and `<run>/health_stacks.txt`, health.jsonl gets a record, and the
-    process exits with code 3. Stops by itself once no phase is marked (training is over)."""
-
-    def __init__(self, timeout_s: float, rd: Any = None, interval: float = 1.0, exit_fn=os._exit) -> None:
-        self.timeout_s, self.rd, self.interval, self.exit_fn = timeout_s, rd, interval, exit_fn
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tether-watchdog", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        phase, since, idle = None, time.monotonic(), 0
-        while not self._stop.wait(self.interval):
-            now, p = time.monotonic(), current_phase()
-            idle = idle + 1 if p is None else 0
-            if idle > 5:
-                return
-            if p != phase:
-                phase, since = p, now
-            elif p is not None and now - since > self.timeout_s:
-                self.fire(p, now - since)
-                return
-
-    def fire(self, phase: str, seconds: float) -> None:
-        msg = (f"tether watchdog: the run is stuck in phase '{phase}' for {seconds:.0f}s "
-               f"(health.watchdog_timeout_s={self.timeout_s:g}); stacks follow, exiting with code 3")
-        print(msg, file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        if self.rd is not None:
-            try:
-                with open(self.rd.root / "health_stacks.txt", "w") as fh:
-                    faulthandler.dump_traceback(file=fh, all_threads=True)
-                self.rd.append_health({"kind": "hang", "phase": phase, "seconds": seconds, "message": msg})
-            except OSError:
-                pass
-        sys.stderr.flush()
-        self.exit_fn(3)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 __all__ = ["HealthMonitor", "NullMonitor", "Watchdog", "build_health", "build_detectors", "current_phase"]

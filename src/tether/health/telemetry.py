@@ -77,6 +77,9 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
                                    high only when rewards are attached to the wrong samples
     health/reward_agreement/<c>    each reward component's AUC against the verdicts on this step's
                                    rollouts (tether.health.detectors_learned), and the pair count
+    health/dup_*, health/answer_in_prompt*, health/reward_disagree_groups, health/reward_routed_frac:
+                                   independent sampling, answer leakage and reward routing
+                                   (tether.health.invariants)
     """
     trajs = [t for g in groups for t in g.trajectories]
     out: dict[str, float] = {}
@@ -119,8 +122,12 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
     out["health/action_tokens_ok"] = float(sum(t.num_action_tokens for t in trajs if t.reward.outcome == Outcome.OK))
     out.update(_reward_linkage(trajs, len(groups[0].trajectories) if groups else 1))
     from tether.health.detectors_learned import compute_component_agreement
+    from tether.health.invariants import compute_answer_leakage, compute_duplicate_stats, compute_reward_routing
 
     out.update(compute_component_agreement(groups))  # health/reward_agreement/<component>
+    out.update(compute_duplicate_stats(groups))
+    out.update(compute_answer_leakage(groups))
+    out.update(compute_reward_routing(groups))
     return out
 
 
@@ -226,10 +233,22 @@ def compute_weights_fingerprint(model: Any, per_tensor: int = 4096) -> float:
     sampled element, so a tensor that missed a sync changes the value; equal weights give the
     same value bit for bit (the same reductions over the same elements)."""
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    if not params:
+    return _fingerprint(params, per_tensor)
+
+
+def compute_buffers_fingerprint(model: Any, per_tensor: int = 4096) -> float:
+    """The same identity over a model's floating-point buffers (non-parameter state: rotary
+    frequency tables, running statistics): a sampler whose buffers differ from the trainer's
+    passes the parameter checksum. NaN for a model without floating buffers."""
+    bufs = [b for b in model.buffers() if b.is_floating_point()] if isinstance(model, torch.nn.Module) else []
+    return _fingerprint(bufs, per_tensor)
+
+
+def _fingerprint(tensors: list[torch.Tensor], per_tensor: int) -> float:
+    if not tensors:
         return float("nan")
     with torch.no_grad():
-        sums = [p.detach().reshape(-1)[:: max(1, p.numel() // per_tensor)].double().sum() for p in params]
+        sums = [p.detach().reshape(-1)[:: max(1, p.numel() // per_tensor)].double().sum() for p in tensors]
         w = torch.arange(1, len(sums) + 1, dtype=torch.float64, device=sums[0].device)
         return float((torch.stack(sums) * (1 + w / len(sums))).sum())
 

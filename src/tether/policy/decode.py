@@ -43,8 +43,28 @@ from tether.policy.scoring import fp32_head_logits
 _FAMILIES = ("llama", "qwen2", "mistral")
 
 
+def has_forward_hooks(model: torch.nn.Module) -> bool:
+    """Whether module forward hooks (a fault's, a user's probe) sit on `model` or any submodule, or
+    globally: the lean paths read raw weights and would skip them, so they step aside (logged once)."""
+    from torch.nn.modules import module as nn_module
+
+    hooked = bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    if hooked and not getattr(model, "_tether_hooks_warned", False):
+        warnings.warn("module forward hooks on the model: the lean training/decoding paths are off for it "
+                      "(transformers' forward runs the hooks)", stacklevel=3)
+        try:
+            model._tether_hooks_warned = True
+        except AttributeError:
+            pass
+    return hooked
+
+
 def supports(model: torch.nn.Module) -> bool:
-    """True when `model` is a plain Llama-family decoder this module reproduces exactly."""
+    """True when `model` is a plain Llama-family decoder this module reproduces exactly, with no
+    module forward hooks (`has_forward_hooks`: the lean step would bypass them)."""
+    if has_forward_hooks(model):
+        return False
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in _FAMILIES:
         return False

@@ -132,13 +132,22 @@ def is_adapter_dir(path: str | Path) -> bool:
 
 
 def adapter_base_path(adapter_dir: str | Path) -> Path:
-    """The base model directory an adapter was trained on (from adapter_config.json)."""
+    """The base model directory an adapter was trained on (adapter_config.json names it, absolute).
+
+    After the run directory was moved, the same base is found by its place relative to the
+    adapter: the stored path's last parts (`rl/base_model`) under the adapter's own parents."""
     cfg = json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text())
-    base = Path(cfg.get("base_model_name_or_path") or "")
-    if not (base / "config.json").is_file():
-        raise FileNotFoundError(f"{adapter_dir}: its base model {str(base)!r} (adapter_config.json "
-                                "base_model_name_or_path) is not a model directory; export needs the base weights")
-    return base
+    stored = Path(cfg.get("base_model_name_or_path") or "")
+    if (stored / "config.json").is_file():
+        return stored
+    here = Path(adapter_dir).resolve()
+    for parent in list(here.parents)[:4]:
+        for k in range(1, min(4, len(stored.parts)) + 1):
+            cand = parent.joinpath(*stored.parts[-k:])
+            if (cand / "config.json").is_file() and cand != here:
+                return cand
+    raise FileNotFoundError(f"{adapter_dir}: its base model {str(stored)!r} (adapter_config.json "
+                            "base_model_name_or_path) is not a model directory; export needs the base weights")
 
 
 def load_adapter_merged(adapter_dir: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

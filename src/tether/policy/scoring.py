@@ -27,6 +27,11 @@ def count_trained(policy: HFPolicy, positions: int) -> None:
 
 def _backbone_and_head(model: torch.nn.Module):
     head = model.get_output_embeddings()
+    if head is not None and (head._forward_hooks or head._forward_pre_hooks):
+        # refused, not skipped: the head runs from its weight (fp32_head_logits), a hook on it would do nothing
+        raise TypeError(f"{type(model).__name__}: forward hooks on the LM head are not run (tether applies the "
+                        "head in fp32 from its weight, tether.policy.scoring.fp32_head_logits); hook the final "
+                        "norm or a decoder layer instead")
     backbone = getattr(model, model.base_model_prefix, None) if hasattr(model, "base_model_prefix") else None
     if backbone is None or backbone is model:
         backbone = model.get_decoder() if hasattr(model, "get_decoder") else None

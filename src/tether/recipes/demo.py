@@ -21,7 +21,9 @@ from typing import Any
 
 from tether.config import load_config
 from tether.io.plots import plot_metrics
-from tether.io.resume import do_open_run
+from tether.runs.lifecycle import do_finish_run, do_set_members
+from tether.runs.resume import do_open_run
+from tether.runs.result import resolve_result
 from tether.io.run_dir import read_metrics
 
 
@@ -65,6 +67,8 @@ def run_demo(run_dir: str | Path, overrides: list[str] | None = None, overwrite:
         "rl_run": str(rd.root / "rl"),
     }
     rd.write_summary(summary)
+    do_set_members(rd.root, [{"name": "sft", "kind": "sft", "path": "sft"}, {"name": "rl", "kind": "rl", "path": "rl"}])
+    do_finish_run(rd.root, {"interrupted": bool(rl_summary.get("interrupted"))}, resolve_result(rd.root / "rl").path)
     b, f = summary["baseline_accuracy"], summary["final_accuracy"]
     if f is None:
         print(f"[tether demo] interrupted after {summary['rl_steps']} RL steps (SFT start pass@1 {b:.3f}); "

@@ -41,6 +41,7 @@ from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy, compute_logprobs
 from tether.train.loop import graceful_interrupt, progress_bar
+from tether.runs.lifecycle import do_finish_run
 from tether.recipes.stage_common import load_model_dir, read_jsonl_fields, run_sampling, save_model, start_stage
 from tether.policy.chat import encode_prompt
 from tether.tasks import DataError
@@ -163,7 +164,7 @@ def _dpo_step(policy, optimizer, scheduler, batch: list, cfg: TetherConfig) -> d
 def run_dpo(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """`dpo.steps` preference steps from `model.path`; writes final_model/ and summary.json."""
     t0 = time.perf_counter()
-    rd, train, policy = start_stage(cfg, run_dir)
+    rd, train, policy = start_stage(cfg, run_dir, "dpo")
     PREFERENCE_LOSSES[cfg.dpo.loss]  # an unknown loss fails before any sampling
     data = _prepare(policy, cfg, train, rd.root / "pairs.pt", resume)
     items = list(zip(data["pairs"], data["ref"]))
@@ -198,4 +199,5 @@ def run_dpo(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> dic
                "final_loss": last.get("dpo/loss"), "final_accuracy_on_pairs": last.get("dpo/accuracy"),
                "final_model": str(final), "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t0}
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, final, step)
     return summary

@@ -12,21 +12,7 @@ Outcome of a run: verified accuracy of the final policy on a fixed sample of tra
 (with their true labels; 4 samples each) - what RL optimises - plus held-out pass@1. A run that
 auto mode halted is scored with the policy it stopped with.
 
-Scores (results.json):
-  recall_obvious / recall_subtle   advise runs with a finding at or after the fault's start step
-  false_alarm_rate                 healthy advise runs with any finding
-  steps_to_detect_median           first finding step - start step, over detected runs
-  diagnosis_top1 / _top3           the injected cause among the top 1 / 3 hypotheses of the monitor's
-                                   decision (critical finding, same top cause two steps running; else
-                                   its last diagnosis), over detected runs
-  diagnosis_family_top1            the same at the family level
-  remediation_success              remediable faults whose damage (healthy - advise outcome >=
-                                   delta) auto mode recovered by at least half, running to the end;
-                                   "healthy" is the healthy control of the same seed in the fault's
-                                   own base config (`base-<fault>` controls) when the fault has one
-  remediation_success_plain_ref    the same against the plain base run's healthy control
-  salvage_rate                     the same, counting runs halted at their last healthy weights
-  harm_rate                        auto runs (faulty and healthy) ending > delta below advise
+Scores: tether.recipes.faultbench_score (what is scored; this module runs the cases).
 """
 
 from __future__ import annotations
@@ -34,15 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-import multiprocessing
-import re
-import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from tether.recipes.faultbench_score import (BASE_VARIANT, case_id, compute_results, format_results,  # noqa: F401
+                                             read_health_record, replay_record)
 
 BASE = [
     "model.tiny.hidden_size=128", "model.tiny.num_layers=2", "model.tiny.num_heads=4", "model.tiny.intermediate_size=344",
@@ -66,12 +50,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.fault or "healthy")  # user specs hold ':' and '/'
-        variant = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.variant)
-        return f"{name}-{self.severity or 'none'}-s{self.seed}-{self.mode}" + (f"-{variant}" if variant else "")
-
-
-BASE_VARIANT = "base-"  # healthy control in a fault's own base config: variant "base-<fault>"
+        return case_id(self.fault, self.severity, self.seed, self.mode, self.variant)
 
 
 def prepare_base(cache: Path, extra: list[str] | None = None) -> Path:
@@ -162,34 +141,6 @@ def run_case(case: Case, model: str, out_dir: str, steps: int, start: int, extra
     return rec
 
 
-def read_health_record(rd: Path, start: int) -> dict[str, Any]:
-    """Detection step, diagnosis at decision time, actions and halt from a run's health.jsonl."""
-    path = rd / "health.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    finds = [r for r in rows if r.get("kind") == "finding"]
-    before = [r for r in finds if r["step"] < start]
-    after = [r for r in finds if r["step"] >= start]
-    first = after[0] if after else None
-    crit = next((r for r in after if r["severity"] == "critical"), None)
-    decision = next((r for r in rows if r.get("kind") == "decision" and r["step"] >= start), None)
-    if decision is not None:  # the diagnosis the monitor stood by (what auto mode acts on)
-        hyps = decision["hypotheses"]
-    else:  # none: the last diagnosis while the fault was active
-        diag = [r for r in rows if r.get("kind") == "diagnosis" and r["step"] >= start]
-        hyps = diag[-1]["hypotheses"] if diag else []
-    return {
-        "alarms_before_start": len(before),
-        "first_alarm_step": first["step"] if first else None,
-        "first_alarm_detector": first["detector"] if first else None,
-        "first_critical_step": crit["step"] if crit else None,
-        "detectors": sorted({r["detector"] for r in after}),
-        "diagnosis": [h["cause"] for h in hyps[:3]],
-        "diagnosis_family": [h["family"] for h in hyps[:3]],
-        "actions": [{k: r.get(k) for k in ("event", "step", "action", "reason")} for r in rows if r.get("kind") == "action"],
-        "halted": next((r["step"] for r in rows if r.get("kind") == "halt"), None),
-    }
-
-
 def make_cases(faults: Iterable[str], severities: Iterable[str], seeds: list[int], healthy_seeds: list[int],
                modes: tuple[str, ...] = ("advise", "auto"), variants: Iterable[str] = (),
                auto_remediable_only: bool = False) -> list[Case]:
@@ -256,25 +207,8 @@ def run_bench(out: Path, plan: BenchPlan = BenchPlan(), workers: int = 2, extra:
     t0 = time.perf_counter()
     model = prepare_base(out / "cache", extra)
     progress(f"base model ready ({time.perf_counter() - t0:.0f}s): {model}")
-    log_path = out / "cases.jsonl"
-    done = {}
-    if log_path.exists():
-        for line in log_path.read_text().splitlines():
-            r = json.loads(line)
-            if "error" not in r:
-                done[r["id"]] = r
-    cases = [c for c in make_cases(faults, severities, seeds, healthy_seeds, modes, variants, auto_remediable_only) if c.id not in done]
-    progress(f"{len(cases)} runs to do ({len(done)} reused), {workers} worker(s)")
-    args = (str(model), str(out / "runs"), steps, start, extra, variants)
-    records = list(done.values())
-    if workers <= 1:
-        it: Iterable[dict] = (run_case(c, *args) for c in cases)
-        _collect(it, records, log_path, len(cases), t0, progress)
-    else:
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futs = [pool.submit(run_case, c, *args) for c in cases]
-            _collect((f.result() for f in as_completed(futs)), records, log_path, len(cases), t0, progress)
+    cases = make_cases(faults, severities, seeds, healthy_seeds, modes, variants, auto_remediable_only)
+    records = run_cases(out, cases, (str(model), str(out / "runs"), steps, start, extra, variants), workers, progress)
     results = compute_results(records, registry, start)
     results["config"] = {"steps": steps, "start": start, "seeds": seeds, "healthy_seeds": healthy_seeds,
                          "severities": list(severities), "faults": faults, "base": BASE + extra, "variants": variants,
@@ -287,13 +221,18 @@ def run_bench(out: Path, plan: BenchPlan = BenchPlan(), workers: int = 2, extra:
     return results
 
 
-def rescore(out: Path, start: int = 15, planned: int | None = None) -> dict[str, Any]:
+def rescore(out: Path, start: int = 15, planned: int | None = None, replay: bool = False) -> dict[str, Any]:
     """Scores from the cases finished so far (`out/cases.jsonl`), e.g. of a benchmark cut short;
-    written to `out/results.json` marked partial when fewer than `planned` runs are done."""
+    written to `out/results.json` marked partial when fewer than `planned` runs are done.
+    `replay`: the advise runs' findings and diagnoses re-computed from their metrics.jsonl by the
+    current detectors and diagnosis (tether.health.doctor.replay_events) instead of read from
+    their health.jsonl (auto runs keep theirs: their actions changed the run)."""
     from tether.health.faults import get_fault_class
 
     records = [json.loads(x) for x in (out / "cases.jsonl").read_text().splitlines() if x.strip()]
     faults = sorted({r["case"]["fault"] for r in records if r["case"]["fault"]})
+    if replay:
+        records = [replay_record(r, out / "runs" / r["id"], start) for r in records]
     res = compute_results(records, {f: get_fault_class(f) for f in faults}, start)
     res["partial"] = planned is not None and len(records) < planned
     res["runs_done"], res["runs_planned"] = len(records), planned
@@ -302,147 +241,50 @@ def rescore(out: Path, start: int = 15, planned: int | None = None) -> dict[str,
     return res
 
 
-def _collect(it, records, log_path, n, t0, progress) -> None:
-    with open(log_path, "a") as fh:
-        for i, rec in enumerate(it, 1):
-            records.append(rec)
+def _run_member(args: tuple, member: Any, resume: bool) -> dict[str, Any]:
+    """One case as a member of the multi-run engine (module level: it runs in a forked worker)."""
+    return run_case(member.data, *args)
+
+
+def run_cases(out: Path, cases: list[Case], args: tuple, workers: int, progress: Callable[[str], None]) -> list[dict]:
+    """Run the cases not done yet through the multi-run engine (tether.runs.engine: its resume rule,
+    progress lines and member record; forked workers); every finished case's record is appended to
+    `out/cases.jsonl`, which scoring reads. Returns the records of every case, done before or now; a
+    case whose record holds a benchmark error is run again next time."""
+    from functools import partial
+
+    from tether.runs.engine import Member, Plan, run_members
+    from tether.runs.record import RunRecord, read_record, update_record, write_record
+
+    log_path = out / "cases.jsonl"
+    earlier = {}  # cases.jsonl rows of a benchmark run before the engine recorded outcomes (or of this one)
+    if log_path.exists():
+        for line in log_path.read_text().splitlines():
+            r = json.loads(line)
+            if "error" not in r:
+                earlier[r["id"]] = r
+    errors: list[dict] = []
+
+    def collect(m: Any, rec: dict[str, Any]) -> dict[str, Any] | None:
+        with open(log_path, "a") as fh:
             fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            progress(f"[{i}/{n} {time.perf_counter() - t0:.0f}s] {rec['id']}: alarm={rec.get('first_alarm_step')} "
-                     f"dx={rec.get('diagnosis', [])[:1]} acc={rec.get('final_train_acc', float('nan')):.3f}"
-                     + (f" ERROR {rec['error']}" if "error" in rec else ""))
+        if "error" in rec:  # a benchmark bug, not a finding: recorded, and run again next time
+            errors.append(rec)
+            raise RuntimeError(rec["error"])
+        return rec
 
+    def describe(rec: dict[str, Any]) -> str:
+        return (f"alarm={rec.get('first_alarm_step')} dx={rec.get('diagnosis', [])[:1]} "
+                f"acc={rec.get('final_train_acc', float('nan')):.3f}")
 
-# ----------------------------------------------------------------------------- scoring
-
-
-def _mean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else None
-
-
-def _rate(hits: list[bool]) -> float | None:
-    return sum(hits) / len(hits) if hits else None
-
-
-def _variant_false_alarms(records: list[dict]) -> dict[str, Any]:
-    """False alarms of the healthy controls repeated under each variant (precision, threads)."""
-    fa: dict[str, list[bool]] = {}
-    for r in records:
-        if r["case"]["fault"] is None and r["case"].get("variant"):  # base-<fault> controls too
-            fa.setdefault(r["case"]["variant"], []).append(r.get("first_alarm_step") is not None)
-    return {"false_alarm_rate_variants": {v: _rate(x) for v, x in sorted(fa.items())},
-            "false_alarm_runs_variants": {v: len(x) for v, x in sorted(fa.items())}}
-
-
-def _per_fault_table(rows: dict[str, dict]) -> list[dict[str, Any]]:
-    return [{**{k: row[k] for k in ("fault", "severity", "family", "cause", "remediable", "runs", "detected", "top1", "top3")},
-             "delay_median": statistics.median(row["delays"]) if row["delays"] else None,
-             "healthy_acc": _mean(row["healthy_acc"]), "advise_acc": _mean(row["advise_acc"]),
-             "auto_acc": _mean(row["auto_acc"]), "repaired": f"{sum(row['repaired'])}/{len(row['repaired'])}",
-             "harmed": sum(row["harmed"]), "actions": row["actions"]} for _, row in sorted(rows.items())]
-
-
-def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
-    ok = [r for r in records if "error" not in r]
-    by = {r["id"]: r for r in ok}
-    healthy = [r for r in ok if r["case"]["fault"] is None and not r["case"].get("variant")]
-    h_adv = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "advise"}
-    h_auto = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "auto"}
-    h_scores = [r["final_train_acc"] for r in h_adv.values()]
-    delta = max(0.05, 2 * statistics.stdev(h_scores)) if len(h_scores) >= 3 else 0.05
-    h_mean = _mean(h_scores)
-    faulty = [r for r in ok if r["case"]["fault"] is not None and r["case"]["mode"] == "advise"]
-    rows, det = {}, {"subtle": [], "obvious": []}
-    delays, top1, top3, fam1 = [], [], [], []
-    repair, salvage, harm, repair_plain = [], [], [], []
-    for r in faulty:
-        c = r["case"]
-        cls = registry.get(c["fault"])
-        cause, family = (cls.cause, cls.family) if cls else (None, None)
-        f_start = fault_start(cls, start) if cls else start
-        hit = r.get("first_alarm_step") is not None
-        det[c["severity"]].append(hit)
-        auto = by.get(Case(c["fault"], c["severity"], c["seed"], "auto").id)
-        plain_ref = h_adv.get(c["seed"], {}).get("final_train_acc", h_mean)
-        own = by.get(Case(None, None, c["seed"], "advise", BASE_VARIANT + c["fault"]).id)
-        healthy_ref = own["final_train_acc"] if own is not None else plain_ref  # the same config without the fault
-        row = rows.setdefault(f"{c['fault']}/{c['severity']}", {
-            "fault": c["fault"], "severity": c["severity"], "family": family, "cause": cause,
-            "remediable": bool(cls and cls.remediable), "runs": 0, "detected": 0, "delays": [], "top1": 0, "top3": 0,
-            "healthy_acc": [], "advise_acc": [], "auto_acc": [], "repaired": [], "harmed": [], "actions": []})
-        row["runs"] += 1
-        row["healthy_acc"].append(healthy_ref)
-        row["advise_acc"].append(r["final_train_acc"])
-        if hit:
-            row["detected"] += 1
-            delays.append(r["first_alarm_step"] - f_start)
-            row["delays"].append(r["first_alarm_step"] - f_start)
-            dx = r.get("diagnosis", [])
-            top1.append(dx[:1] == [cause])
-            top3.append(cause in dx[:3])
-            fam1.append(r.get("diagnosis_family", [])[:1] == [family])
-            row["top1"] += dx[:1] == [cause]
-            row["top3"] += cause in dx[:3]
-        if auto is not None:
-            a, f = auto["final_train_acc"], r["final_train_acc"]
-            row["auto_acc"].append(a)
-            row["actions"].append([x["action"] + ":" + x["event"] for x in auto.get("actions", [])] +
-                                  (["halt"] if auto.get("halted") is not None else []))
-            harmed = a < f - delta
-            harm.append(harmed)
-            row["harmed"].append(harmed)
-            if cls and cls.remediable and healthy_ref is not None and healthy_ref - f >= delta:
-                recovered = a - f >= 0.5 * (healthy_ref - f)
-                completed = auto.get("halted") is None and not auto.get("crash")
-                repair.append(recovered and completed)  # repaired: ran to the end and recovered half the damage
-                salvage.append(recovered)  # halting at the last healthy weights counts here
-                row["repaired"].append(recovered and completed)
-            if cls and cls.remediable and plain_ref is not None and plain_ref - f >= delta:
-                repair_plain.append(a - f >= 0.5 * (plain_ref - f) and auto.get("halted") is None and not auto.get("crash"))
-    for seed, r in h_auto.items():
-        if seed in h_adv:
-            harm.append(r["final_train_acc"] < h_adv[seed]["final_train_acc"] - delta)
-    table = _per_fault_table(rows)
-    return {
-        "recall_obvious": _rate(det["obvious"]), "recall_subtle": _rate(det["subtle"]),
-        "false_alarm_rate": _rate([r.get("first_alarm_step") is not None for r in h_adv.values()]),
-        "false_alarm_runs": len(h_adv),
-        **_variant_false_alarms(ok),
-        "false_alarm_rate_prefault": _rate([r.get("alarms_before_start", 0) > 0 for r in faulty]),
-        "steps_to_detect_median": statistics.median(delays) if delays else None,
-        "diagnosis_top1": _rate(top1), "diagnosis_top3": _rate(top3), "diagnosis_family_top1": _rate(fam1),
-        "remediation_success": _rate(repair), "remediation_cases": len(repair), "salvage_rate": _rate(salvage),
-        "remediation_success_plain_ref": _rate(repair_plain), "remediation_cases_plain_ref": len(repair_plain),
-        "halt_rate_faulty_auto": _rate([r.get("halted") is not None for r in ok if r["case"]["fault"] and r["case"]["mode"] == "auto"]),
-        "harm_rate": _rate(harm), "harm_cases": len(harm), "delta": delta,
-        "healthy_acc_mean": h_mean, "healthy_acc_std": statistics.stdev(h_scores) if len(h_scores) >= 2 else None,
-        "runs": len(ok), "errors": [r["id"] + ": " + r["error"] for r in records if "error" in r],
-        "per_fault": table,
-    }
-
-
-def format_results(res: dict[str, Any]) -> str:
-    """The headline scores and the per-fault table as text."""
-    f = lambda x: "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))  # noqa: E731
-    keys = ("recall_obvious", "recall_subtle", "false_alarm_rate", "false_alarm_runs", "false_alarm_rate_variants",
-            "false_alarm_rate_prefault", "steps_to_detect_median",
-            "diagnosis_top1", "diagnosis_top3", "diagnosis_family_top1", "remediation_success", "remediation_cases",
-            "remediation_success_plain_ref", "remediation_cases_plain_ref",
-            "salvage_rate", "halt_rate_faulty_auto", "wall_seconds", "cpu_seconds_runs",
-            "harm_rate", "harm_cases", "delta", "healthy_acc_mean", "runs")
-    lines = [f"{k:28s} {f(res.get(k))}" for k in keys]
-    lines.append("")
-    lines.append(f"{'fault/severity':32s} {'det':>5s} {'delay':>5s} {'top1':>5s} {'top3':>5s} {'healthy':>7s} {'advise':>7s} "
-                 f"{'auto':>7s} {'repair':>6s} {'harm':>4s}  actions")
-    for r in res.get("per_fault", []):
-        acts = sorted({a for run in r["actions"] for a in run})
-        lines.append(f"{r['fault'] + '/' + r['severity']:32s} {r['detected']}/{r['runs']:<3d} {f(r['delay_median']):>5s} "
-                     f"{r['top1']:>5d} {r['top3']:>5d} {f(r['healthy_acc']):>7s} {f(r['advise_acc']):>7s} {f(r['auto_acc']):>7s} "
-                     f"{r['repaired'] if r['remediable'] else '-':>6s} {r['harmed']:>4d}  {','.join(acts)}")
-    if res.get("errors"):
-        lines.append(f"errors: {res['errors']}")
-    return "\n".join(lines)
+    if read_record(out).kind is None:
+        write_record(out, RunRecord(kind="faultbench", status="running"))
+    members = [Member(c.id, out / "runs" / c.id, "rl", c) for c in cases]
+    plan = Plan(partial(_run_member, args), collect, describe, recorded=lambda m: earlier.get(m.name),
+                workers=max(1, workers), pool="process" if workers > 1 else "thread", resumable=False)
+    outcomes = run_members(out, "faultbench", members, plan, progress)
+    update_record(out, status="complete" if all(o.ok for o in outcomes) else "failed")
+    return [o.value for o in outcomes if o.ok] + errors
 
 
 __all__ = ["BASE", "BenchPlan", "Case", "compute_results", "format_results", "make_cases", "prepare_base", "read_health_record", "rescore",

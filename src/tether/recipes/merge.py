@@ -23,11 +23,20 @@ from safetensors.torch import load_file, save_file
 
 from tether.algos.merge import compute_linear_merge, compute_task_arithmetic
 from tether.config import ConfigError, TetherConfig
-from tether.io.resume import do_open_run
+from tether.runs.lifecycle import do_finish_run
+from tether.runs.resume import do_open_run
 
 
 def read_state_dict(model_dir: str | Path, what: str = "merge.models") -> dict[str, torch.Tensor]:
-    """All tensors of a model directory's `model*.safetensors` files."""
+    """All tensors of a model directory's `model*.safetensors` files (a LoRA adapter: merged into its base)."""
+    from tether.policy.lora import is_adapter_dir, load_adapter_merged
+
+    if is_adapter_dir(model_dir):  # a LoRA stage's result: the weights it stands for are base + adapter,
+        import tempfile  # saved as transformers saves any model (tied weights once), like a full stage's
+
+        with tempfile.TemporaryDirectory() as tmp:
+            load_adapter_merged(model_dir).save_pretrained(tmp, safe_serialization=True)
+            return read_state_dict(tmp, what)
     files = sorted(Path(model_dir).glob("model*.safetensors"))
     if not files:
         raise ConfigError(f"{what}: {model_dir} has no model*.safetensors; point it at a trained model directory "
@@ -42,10 +51,19 @@ def read_state_dict(model_dir: str | Path, what: str = "merge.models") -> dict[s
 
 
 def write_model(first: Path, state: dict[str, torch.Tensor], out: Path) -> Path:
-    """`first`'s config and tokenizer files plus `state` as one model.safetensors."""
+    """`first`'s config and tokenizer files plus `state` as one model.safetensors (a LoRA adapter's
+    model config comes from its base; the result is a plain model either way)."""
+    from tether.policy.lora import adapter_base_path, is_adapter_dir
+
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(first, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.pt", "*.bin"))
+    skip = shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.pt", "*.bin", "adapter_config.json",
+                                  "manifest.json", "README.md")
+    if is_adapter_dir(first):
+        shutil.copytree(adapter_base_path(first), tmp, ignore=skip)
+        shutil.copytree(first, tmp, ignore=skip, dirs_exist_ok=True)  # the tokenizer saved with the adapter
+    else:
+        shutil.copytree(first, tmp, ignore=skip)
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -56,7 +74,7 @@ def run_merge(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> d
     """Merge `merge.models` (`previous` = model.path) into final_model/; writes summary.json."""
     t0 = time.perf_counter()
     m = cfg.merge
-    rd = do_open_run(run_dir, cfg, "merge", resume=resume).run_dir  # never over another run (tether.io.resume)
+    rd = do_open_run(run_dir, cfg, "merge", resume=resume).run_dir  # never over another run (tether.runs.resume)
     models = [cfg.model.path if name == "previous" else name for name in m.models]
     if len(models) < (1 if m.method == "task_arithmetic" else 2) or any(not x for x in models):
         raise ConfigError(f"merge.models={m.models}: name {'one or more models' if m.method == 'task_arithmetic' else 'at least two models'} "
@@ -76,4 +94,5 @@ def run_merge(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> d
     summary = {"kind": "merge", "method": m.method, "models": [str(x) for x in models], "weights": m.weights,
                "final_model": str(final), "wall_seconds": time.perf_counter() - t0}
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, final)
     return summary

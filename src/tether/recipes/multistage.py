@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from tether.config import ConfigError, TetherConfig, build_config
-from tether.io.checkpoint import find_latest_checkpoint
-from tether.io.run_dir import make_run_dir, write_text_atomic
+from tether.io.run_dir import make_run_dir
+from tether.runs.engine import Interrupted, Member, Outcome, Plan, run_members
+from tether.runs.lifecycle import do_finish_run, do_start_record
+from tether.runs.record import read_record, update_record
+from tether.runs.resume import check_config_resume, is_resumable_change
 from tether.config.stages import StageConfig
 
 DEFAULT_STAGES = (StageConfig(kind="sft", name="sft"), StageConfig(kind="rl", name="rl"))
@@ -52,10 +54,14 @@ def _rl(cfg: TetherConfig, d: Path, resume: bool) -> dict[str, Any]:
 
 def _eval(cfg: TetherConfig, d: Path, resume: bool) -> dict[str, Any]:
     """The eval stage: the incoming model on the held-out problems (the pipeline records it)."""
+    from tether.runs.lifecycle import do_finish_run, do_start_record
+
     rd = make_run_dir(d)
     rd.write_config(cfg)
+    do_start_record(rd.root, cfg, "eval")
     summary = {"kind": "eval", "model": cfg.model.path}
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, cfg.model.path)  # its result is the model it evaluated
     return summary
 
 
@@ -138,57 +144,109 @@ def _resolve(data: dict[str, Any], models: dict[str, str], incoming: str | None)
 
 
 def stage_model(sdir: Path, incoming: str | None) -> str | None:
-    """The model a finished stage hands on: final_model/, else its latest checkpoint, else the
-    model it started from (eval)."""
-    if (sdir / "final_model" / "config.json").is_file():
-        return str(sdir / "final_model")
-    ckpt = find_latest_checkpoint(sdir)
-    return str(ckpt) if ckpt is not None else incoming
+    """The model a finished stage hands on: its result (tether.runs.result: final_model/, or an
+    RL-style stage's final checkpoint; never a periodic one), else the model it started from."""
+    from tether.runs.result import NoResult, resolve_result
+
+    try:
+        return str(resolve_result(sdir).path)
+    except NoResult:
+        return incoming
 
 
 def run_stages(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, log=print) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the pipeline summary written to summary.json."""
-    from tether.recipes.stage_common import evaluate_policy, load_model_dir
-
+    """Run (or resume) every stage through the multi-run engine (tether.runs.engine: a stage with a
+    recorded outcome is done; an unfinished one resumes from its checkpoint); returns the pipeline
+    summary written to summary.json. A resume checks the config first (`check_pipeline_resume`)."""
     t0, c0 = time.perf_counter(), time.process_time()
     plan = plan_stages(cfg)
     rd = make_run_dir(run_dir)
+    if resume:
+        check_pipeline_resume(rd, cfg, log)  # refused: nothing below runs, nothing is rewritten
+        if read_record(rd.root).kind is None:  # a pipeline written before the record, or none yet
+            do_start_record(rd.root, cfg, "pipeline")
+        update_record(rd.root, status="running")
     rd.write_config(cfg)
     models: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
-    incoming = cfg.model.path
-    for i, (st, data) in enumerate(plan):
-        sdir = rd.root / st.name
-        start = models[st.start_from] if st.start_from else incoming
+    state: dict[str, Any] = {"incoming": cfg.model.path, "interrupted": None}
+    members = [Member(st.name, rd.root / st.name, st.kind, (i, st, data)) for i, (st, data) in enumerate(plan)]
+
+    def execute(m: Member, resume_stage: bool) -> tuple[dict[str, Any], TetherConfig, str | None]:
+        i, st, data = m.data
+        start = models[st.start_from] if st.start_from else state["incoming"]
         if start and start != cfg.model.path and not Path(start).is_dir():  # an earlier stage's output
             raise ConfigError(f"pipeline stage {st.name!r} would start from a missing model: {start} is gone "
                               "(restore it, or rerun the pipeline into a fresh --run-dir)")
-        if resume and (sdir / DONE).is_file():
-            row = json.loads((sdir / DONE).read_text())
-            log(f"[tether pipeline] stage {i + 1}/{len(plan)} {st.name} ({st.kind}): done, skipped")
-        else:
-            stage_cfg = build_config(_resolve(data, models, start), f"pipeline stage {st.name!r}")
-            log(f"[tether pipeline] stage {i + 1}/{len(plan)} {st.name} ({st.kind}) from {start or 'a new tiny model'}")
-            t1 = time.perf_counter()
-            resume_stage = resume and find_latest_checkpoint(sdir) is not None
-            if resume and sdir.is_dir() and not resume_stage:  # killed before its first checkpoint: start afresh
-                shutil.rmtree(sdir)
-            summary = STAGE_RUNNERS[st.kind](stage_cfg, sdir, resume_stage)
-            if summary.get("interrupted"):
-                log(f"[tether pipeline] interrupted in stage {st.name}; resume with --resume --run-dir {rd.root}")
-                return _write_summary(rd, cfg, rows, (t0, c0), len(plan), interrupted=st.name)
-            model = stage_model(sdir, start)
-            heldout = evaluate_policy(stage_cfg, load_model_dir(model, stage_cfg, f"stage {st.name} output"))
-            row = {"name": st.name, "kind": st.kind, "model": model, "started_from": start, "heldout": heldout,
-                   "seconds": time.perf_counter() - t1, "steps": summary.get("steps"), "precision": summary.get("precision")}
-            write_text_atomic(sdir / DONE, json.dumps(row, indent=2))
-        models[st.name] = incoming = row["model"]
+        stage_cfg = build_config(_resolve(data, models, start), f"pipeline stage {st.name!r}")
+        log(f"[tether pipeline] stage {i + 1}/{len(plan)} {st.name} ({st.kind}) from {start or 'a new tiny model'}")
+        return STAGE_RUNNERS[st.kind](stage_cfg, m.path, resume_stage), stage_cfg, start
+
+    def collect(m: Member, result: Any) -> dict[str, Any] | Interrupted:
+        from tether.recipes.stage_common import evaluate_policy, load_model_dir
+
+        summary, stage_cfg, start = result
+        if summary.get("interrupted"):
+            return Interrupted(f"interrupted; resume with --resume --run-dir {rd.root}")
+        model = stage_model(m.path, start)  # its result: final model or final checkpoint, never a periodic one
+        heldout = evaluate_policy(stage_cfg, load_model_dir(model, stage_cfg, f"stage {m.name} output"))
+        return {"name": m.name, "kind": m.kind, "model": model, "started_from": start, "heldout": heldout,
+                "steps": summary.get("steps"), "precision": summary.get("precision")}
+
+    def on_outcome(o: Outcome) -> None:
+        if o.status == "interrupted":
+            state["interrupted"] = o.member.name
+            return
+        if not o.ok:
+            return
+        row = {**o.value, "seconds": o.value.get("seconds", o.seconds)}
+        models[row["name"]] = state["incoming"] = row["model"]
         rows.append(row)
         h = row["heldout"]
-        log(f"[tether pipeline] after {st.name}: held-out pass@1 {h.get('eval/pass@1', float('nan')):.3f}"
+        log(f"[tether pipeline] after {row['name']}: held-out pass@1 {h.get('eval/pass@1', float('nan')):.3f}"
             + (f", {h['eval/answer_tokens']:.1f} tokens per answer" if "eval/answer_tokens" in h else ""))
         _write_summary(rd, cfg, rows, (t0, c0), len(plan))
-    return _write_summary(rd, cfg, rows, (t0, c0), len(plan))
+
+    engine = Plan(execute, collect, describe=lambda v: f"pass@1 {v['heldout'].get('eval/pass@1', float('nan')):.3f}",
+                  recorded=_legacy_stage_row, marker=DONE, raise_errors=True, stop_on_failure=True)
+    run_members(rd.root, "pipeline", members, engine, log, on_outcome=on_outcome)
+    return _write_summary(rd, cfg, rows, (t0, c0), len(plan), interrupted=state["interrupted"])
+
+
+def _legacy_stage_row(m: Member) -> dict[str, Any] | None:
+    """A stage finished before the engine recorded outcomes: its stage.json held the row itself."""
+    try:
+        row = json.loads((m.path / DONE).read_text())
+    except (OSError, ValueError):
+        return None
+    return row if isinstance(row, dict) and "heldout" in row else None
+
+
+def is_pipeline_resumable(key: str, old_stages: int) -> bool:
+    """A change a resumed pipeline may make: any of `tether train --resume`'s (steps, learning rates,
+    evaluation, logging, ...), the same inside a stage's overrides, or a stage appended at the end."""
+    if is_resumable_change(key):
+        return True
+    parts = key.split(".")
+    if parts[:2] != ["pipeline", "stages"] or len(parts) < 4 or not parts[2].isdigit():
+        return False
+    if int(parts[2]) >= old_stages:
+        return True  # appended: the stages before it are unchanged
+    return parts[3] == "overrides" and is_resumable_change(".".join(parts[4:]))
+
+
+def check_pipeline_resume(rd, cfg: TetherConfig, log=print) -> dict[str, tuple[Any, Any]]:
+    """Compare the resumed config with the pipeline's stored one: allowed changes are returned and
+    recorded (events.jsonl), any other refused (RunDirError naming each key); stages already done keep
+    their results either way."""
+    import yaml
+
+    stored = yaml.safe_load(rd.config_path.read_text()) if rd.config_path.is_file() else None
+    if not isinstance(stored, dict):
+        return {}
+    old = len((stored.get("pipeline") or {}).get("stages") or [])
+    return check_config_resume(rd, stored, cfg.model_dump(mode="json"), lambda k: is_pipeline_resumable(k, old),
+                               "its finished stages were trained with the stored config", log)
 
 
 def _write_summary(rd, cfg: TetherConfig, rows: list[dict[str, Any]], clocks: tuple[float, float], planned: int,
@@ -215,4 +273,6 @@ def _write_summary(rd, cfg: TetherConfig, rows: list[dict[str, Any]], clocks: tu
         "cpu_seconds": time.process_time() - clocks[1],
     }
     rd.write_summary(summary)
+    if summary["complete"] or interrupted:
+        do_finish_run(rd.root, {"interrupted": bool(interrupted)}, rows[-1]["model"] if rows else None)
     return summary

@@ -28,7 +28,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tether.config import TetherConfig, build_config
-from tether.io.resume import do_open_run
+from tether.io.run_dir import make_run_dir
+from tether.runs.engine import Interrupted, Member, Plan, members_table, run_members
+from tether.runs.lifecycle import do_finish_run, do_start_record
+from tether.runs.record import read_record
+from tether.runs.resume import check_kind, do_open_run
 
 BUILDERS = ("sliding_window", "append", "summary")
 
@@ -37,10 +41,12 @@ def run_pipeline(cfg: TetherConfig, run_dir: str | Path, log=print, resume: bool
                  overwrite: bool = False) -> dict[str, Any]:
     """The config's `pipeline.stages` (recipes/multistage.py); without stages, the two-stage
     pipeline `[{kind: sft, name: sft}, {kind: rl, name: rl}]`. Returns the summary it writes.
-    Without `resume`, an existing run directory needs `overwrite` (tether.io.resume)."""
+    Without `resume`, an existing run directory needs `overwrite` (tether.runs.resume)."""
     from tether.recipes.multistage import run_stages
 
-    if not resume:
+    if resume:
+        check_kind(run_dir, "pipeline")  # another kind of run is refused, naming the command that resumes it
+    else:
         do_open_run(run_dir, cfg, "pipeline", overwrite=overwrite)  # an existing run is never clobbered
     summary = run_stages(cfg, run_dir, resume=resume, log=log)
     b, f = summary["baseline_accuracy"], summary["final_accuracy"]
@@ -68,35 +74,86 @@ def format_ordering(ordering: Sequence[tuple[str, float]]) -> str:
 
 
 def run_context_comparison(cfg: TetherConfig, run_dir: str | Path, builders: Sequence[str] = BUILDERS,
-                           seeds: Sequence[int] | None = None, log=print, overwrite: bool = False) -> dict[str, Any]:
-    """The pipeline once per builder (and seed) from the same config; writes comparison.json."""
+                           seeds: Sequence[int] | None = None, log=print, overwrite: bool = False,
+                           resume: bool = False) -> dict[str, Any]:
+    """The pipeline once per builder (and seed) from the same config, through the multi-run engine
+    (tether.runs.engine: finished pipelines are reused on `resume`, an unfinished one resumes its
+    stages); writes comparison.json. A resume checks the config like a pipeline's
+    (`check_pipeline_resume`); other builders or seeds only add or leave out member pipelines."""
+    from tether.recipes.multistage import check_pipeline_resume
+
     t0 = time.perf_counter()
-    rd = do_open_run(run_dir, cfg, "compare_context", overwrite=overwrite).run_dir
+    if resume:
+        check_kind(run_dir, "compare_context")
+        rd = make_run_dir(run_dir)
+        check_pipeline_resume(rd, cfg, log)
+        rd.write_config(cfg)
+        if read_record(rd.root).kind is None:
+            do_start_record(rd.root, cfg, "compare_context")
+    else:
+        rd = do_open_run(run_dir, cfg, "compare_context", overwrite=overwrite).run_dir
     seeds = list(seeds) if seeds else [cfg.run.seed]
+    members = [Member(f"{b}-s{seed}", rd.root / f"{b}-s{seed}", "pipeline", (b, seed)) for seed in seeds for b in builders]
+
+    def execute(m: Member, resume_member: bool) -> dict[str, Any]:
+        b, seed = m.data
+        data = cfg.model_dump(mode="json")
+        data["env"]["context"]["builder"] = b
+        data["run"]["seed"] = seed
+        data["run"]["name"] = f"{cfg.run.name}-{b}-s{seed}"
+        return run_pipeline(build_config(data, f"compare-context {b}"), m.path, log, resume=resume_member)
+
+    def collect(m: Member, summary: Any) -> dict[str, Any] | Interrupted | None:
+        summary = summary if summary is not None else _summary(m.path)
+        if summary is None or not summary.get("complete"):
+            return Interrupted(f"{m.name} did not finish; resume with --resume --run-dir {rd.root}") if summary else None
+        return {k: summary[k] for k in ("final_accuracy", "baseline_accuracy", "accuracy_lift", "wall_seconds", "rl_run")}
+
+    plan = Plan(execute, collect, describe=lambda v: f"pass@1 {v['baseline_accuracy']:.3f} -> {v['final_accuracy']:.3f}",
+                resumable=lambda m: read_record(m.path).kind == "pipeline", recollect=True, raise_errors=True)
+    outcomes = run_members(rd.root, "compare-context", members, plan, log)
     results: dict[str, list[dict[str, Any]]] = {b: [] for b in builders}
-    for seed in seeds:
-        for b in builders:
-            data = cfg.model_dump(mode="json")
-            data["env"]["context"]["builder"] = b
-            data["run"]["seed"] = seed
-            data["run"]["name"] = f"{cfg.run.name}-{b}-s{seed}"
-            results[b].append(run_pipeline(build_config(data, f"compare-context {b}"), rd.root / f"{b}-s{seed}", log))
-    final, lift = compute_ordering(results, "final_accuracy"), compute_ordering(results, "accuracy_lift")
+    for o in outcomes:
+        if o.ok:
+            results[o.member.data[0]].append(o.value)
+    summary = _comparison_summary(cfg, seeds, results, time.perf_counter() - t0, members_table(rd.root, outcomes))
+    (rd.root / "comparison.json").write_text(json.dumps(summary, indent=2))
+    rd.write_summary(summary)
+    if summary["complete"]:
+        do_finish_run(rd.root, summary, None)
+    _log_comparison(cfg, seeds, summary, log)
+    return summary
+
+
+def _summary(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _comparison_summary(cfg: TetherConfig, seeds: list[int], results: dict[str, list[dict[str, Any]]], seconds: float,
+                        members: list[dict[str, Any]]) -> dict[str, Any]:
+    done = {b: runs for b, runs in results.items() if runs}
+    final, lift = compute_ordering(done, "final_accuracy"), compute_ordering(done, "accuracy_lift")
     table = {b: {"final_accuracy": statistics.fmean(r["final_accuracy"] for r in runs),
                  "baseline_accuracy": statistics.fmean(r["baseline_accuracy"] for r in runs),
                  "accuracy_lift": statistics.fmean(r["accuracy_lift"] for r in runs),
-                 "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs)} for b, runs in results.items()}
-    summary = {"kind": "compare_context", "task": cfg.data.task, "seeds": seeds, "window": cfg.env.context.window,
-               "summarizer": cfg.env.context.summarizer, "by_builder": table,
-               "ordering_final": [b for b, _ in final], "ordering_lift": [b for b, _ in lift],
-               "ordering_text": format_ordering(final), "wall_seconds": time.perf_counter() - t0,
-               "runs": {b: [r["rl_run"] for r in runs] for b, runs in results.items()}}
-    (rd.root / "comparison.json").write_text(json.dumps(summary, indent=2))
-    rd.write_summary(summary)
+                 "wall_seconds": statistics.fmean(r["wall_seconds"] for r in runs)} for b, runs in done.items()}
+    return {"kind": "compare_context", "task": cfg.data.task, "seeds": seeds, "window": cfg.env.context.window,
+            "summarizer": cfg.env.context.summarizer, "by_builder": table,
+            "ordering_final": [b for b, _ in final], "ordering_lift": [b for b, _ in lift],
+            "ordering_text": format_ordering(final), "wall_seconds": seconds,
+            "runs": {b: [r["rl_run"] for r in runs] for b, runs in done.items()},
+            "complete": all(m["status"] in ("ran", "reused") for m in members) and len(members) == sum(
+                len(r) for r in results.values()), "members": members}
+
+
+def _log_comparison(cfg: TetherConfig, seeds: list[int], summary: dict[str, Any], log) -> None:
     log(f"[tether compare-context] {cfg.data.task}, {len(seeds)} seed(s), window={cfg.env.context.window}")
-    for b, row in table.items():
+    for b, row in summary["by_builder"].items():
         log(f"  {b:15s} SFT start {row['baseline_accuracy']:.3f} -> after RL {row['final_accuracy']:.3f} "
             f"({100 * row['accuracy_lift']:+.1f} points)")
-    log(f"[tether compare-context] ordering by final held-out pass@1: {format_ordering(final)}")
+    log(f"[tether compare-context] ordering by final held-out pass@1: {summary['ordering_text']}")
+    lift = [(b, summary["by_builder"][b]["accuracy_lift"]) for b in summary["ordering_lift"]]
     log(f"[tether compare-context] ordering by RL lift: {format_ordering(lift)}")
-    return summary

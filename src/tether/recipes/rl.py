@@ -32,7 +32,8 @@ from tether.health import build_health
 from tether.io.checkpoint import load_checkpoint, save_checkpoint
 from tether.io.killpoints import do_kill_point
 from tether.io.plots import plot_metrics
-from tether.io.resume import do_apply_lr, do_open_run
+from tether.runs.lifecycle import do_finish_run
+from tether.runs.resume import do_apply_lr, do_open_run
 from tether.io.run_dir import RunDir
 from tether.io.sinks import MultiSink, build_sinks
 from tether.phase import marks_phase, phase
@@ -42,6 +43,7 @@ from tether.policy.reference import reset_reference
 from tether.rewards.cap import apply_reward_caps, reward_cap_metrics, stops_run
 from tether.rewards.live import set_policy as set_live_policy
 from tether.rollout import collect_groups, compute_greedy_baseline, compute_tokenizer_corpus, make_rollout
+from tether.rollout.prompt_format import compute_harness_format, run_format_check
 from tether.settings import RunSettings
 from tether.train.batch import make_train_batch
 from tether.train.loop import do_log_settings, graceful_interrupt, progress_bar
@@ -149,10 +151,19 @@ def _starting_evals(st: RLState, rd: RunDir, held_out, sinks, resumed: bool) -> 
     return first_eval, evals[-1] if len(evals) > 1 else first_eval
 
 
+def _fit_problems(cfg: TetherConfig, rollout, policy: HFPolicy, train: list, held_out: list) -> tuple[list, list, dict]:
+    """(train, held-out, run record): the problems whose prompt fits, and the prompts skipped and the
+    prompt format (chat vs raw, warned when it differs from the model's own record) for summary.json."""
+    fitted = rollout.fit_problems(train, policy, cfg, "training"), rollout.fit_problems(held_out, policy, cfg, "held-out")
+    fmt = run_format_check(cfg, rollout, fitted[0], "this run")
+    fmt["prompts_skipped"] = {"training": len(train) - len(fitted[0]), "held_out": len(held_out) - len(fitted[1])}
+    return fitted[0], fitted[1], fmt
+
+
 def _start(cfg: TetherConfig, rd: RunDir, ckpt: Path | None, policy: HFPolicy | None,
-           variant: RLVariant) -> tuple[RLState, list, list, dict[str, Any]]:
-    """The run's state (new, or as the checkpoint left it), its training and held-out problems and
-    the checkpoint's extra state."""
+           variant: RLVariant) -> tuple[RLState, list, list, dict[str, Any], dict[str, Any]]:
+    """The run's state (new, or as the checkpoint left it), its training and held-out problems, the
+    checkpoint's extra state and the run record's prompt fields (`_fit_problems`)."""
     seed_run(cfg.run)
     configure_process(cfg.sandbox, cfg.model)  # before the problems: a code environment checks the sandbox
     train, held_out = setup_problems(cfg.data)
@@ -162,8 +173,7 @@ def _start(cfg: TetherConfig, rd: RunDir, ckpt: Path | None, policy: HFPolicy | 
         attach_lora(policy, cfg.model.lora, rd.root / "base_model")
     policy = policy or setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     rollout = make_rollout(cfg)  # prompts past the context: skipped and counted, or refused (data.on_overlong)
-    train = rollout.fit_problems(train, policy, cfg, "training")
-    held_out = rollout.fit_problems(held_out, policy, cfg, "held-out")
+    train, held_out, fmt = _fit_problems(cfg, rollout, policy, train, held_out)
     if cfg.model.gradient_checkpointing and not is_checkpointing(policy.model):  # a resumed or passed-in policy
         enable_checkpointing(policy.model)
     policy.model.train()
@@ -174,18 +184,18 @@ def _start(cfg: TetherConfig, rd: RunDir, ckpt: Path | None, policy: HFPolicy | 
         st.load_extra_state(extra := load_checkpoint(ckpt, policy.model, st.optimizer, st.scheduler))
     for path, value in variant.settings:  # in force already after a resume (the checkpoint carries them)
         st.settings.set(path, value, source=f"{variant.kind} recipe", step=st.step)
-    return st, train, held_out, extra
+    return st, train, held_out, extra, fmt
 
 
 @marks_phase("loop")
 def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy: HFPolicy | None = None,
            variant: RLVariant = RLVariant(), overwrite: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.steps` RL steps; returns the summary written to summary.json.
-    An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
+    An existing run directory needs `resume` or `overwrite` (tether.runs.resume)."""
     t_start, c_start = time.perf_counter(), time.process_time()
     start = do_open_run(run_dir, cfg, variant.kind, resume, overwrite)
     rd, ckpt = start.run_dir, start.checkpoint
-    st, train, held_out, extra = _start(cfg, rd, ckpt, policy, variant)
+    st, train, held_out, extra, fmt = _start(cfg, rd, ckpt, policy, variant)
     if ckpt is not None and "train.lr" in start.changes:
         do_apply_lr(st.optimizer, st.scheduler, cfg.train.lr)
     sinks = MultiSink(build_sinks(rd, cfg.logging, cfg, start_step=st.step if ckpt is not None else None))
@@ -196,6 +206,7 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
     with graceful_interrupt() as stop, progress_bar(cfg.train.steps, "RL", cfg.logging.progress, st.step) as bar:
         while st.step < cfg.train.steps and not stop and not stops_run(caps):
             metrics, groups = run_rl_step(st, variant)
+            metrics.update({"rollout/prompt_format_mismatch": 1.0} if "prompt_format_warning" in fmt else {})
             st.step += 1
             caps += (fired := apply_reward_caps(st.settings, st.step))
             metrics.update(reward_cap_metrics(fired))
@@ -217,10 +228,12 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
             bar(st.step, reward=metrics["reward/mean"], acc=metrics.get("accuracy", float("nan")), s=metrics["time/step"])
             if (cfg.checkpoint.every and st.step % cfg.checkpoint.every == 0) or stop:
                 save_checkpoint(rd, st.step, st.policy.model, st.policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
-    save_checkpoint(rd, st.step, st.policy.model, st.policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(), cfg.checkpoint.keep)
+    final = save_checkpoint(rd, st.step, st.policy.model, st.policy.tokenizer, st.optimizer, st.scheduler, st.extra_state(),
+                            cfg.checkpoint.keep)  # the run's result: the model of its last step
     sinks.close()
     st.health.close()
-    plot_metrics(rd.read_metrics(), rd.plots_dir)
+    rows = rd.read_metrics()
+    plot_metrics(rows, rd.plots_dir)
     summary = {
         "kind": variant.kind, "steps": st.step, "interrupted": bool(stop), "wall_seconds": time.perf_counter() - t_start,
         "cpu_seconds": time.process_time() - c_start,  # this process, all threads (this invocation): load-independent
@@ -231,10 +244,12 @@ def run_rl(cfg: TetherConfig, run_dir: str | Path, resume: bool = False, policy:
         "final_greedy_accuracy": last_eval.get("eval/greedy_accuracy") if last_eval is not first_eval or st.step == 0 else None,
         "final_eval": last_eval, "nonfinite_steps": st.update.nonfinite_steps, "health": st.health.summary(),
         "reward_caps": caps,
+        **fmt, "prompt_format": fmt.get("prompt_format") or compute_harness_format(rows),  # chat or raw (the run record)
         "precision": precision_summary(cfg.model, st.policy),
         "compile": {"train": st.compile.train, "rollout": st.compile.rollout, "reason": st.compile.reason},
     }
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, final, st.step)
     return summary
 
 

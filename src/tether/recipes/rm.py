@@ -14,6 +14,7 @@ a problem (at most 4 pairs per problem), which is enough for tasks with a checka
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -22,14 +23,17 @@ from typing import Any
 import torch
 
 from tether.config import ConfigError, TetherConfig
-from tether.io.resume import do_open_run
-from tether.io.run_dir import write_summary_json
+from tether.runs.lifecycle import do_finish_run
+from tether.runs.resume import do_open_run
+from tether.io.run_dir import write_summary_json, write_text_atomic
 from tether.train.loop import progress_bar
 from tether.train.setup import configure_process, seed_run, setup_problems
 from tether.rewards.rm import (
     compute_bradley_terry_loss, compute_pair_accuracy, compute_scores, encode_pair_texts, load_reward_model,
     make_pairs_from_groups, read_pairs,
 )
+
+EVAL_PAIRS = "eval_pairs.jsonl"  # the held-out pairs, kept in the run directory
 
 
 def build_verifier_pairs(cfg: TetherConfig) -> list[dict[str, str]]:
@@ -47,7 +51,7 @@ def build_verifier_pairs(cfg: TetherConfig) -> list[dict[str, str]]:
 
 def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> dict[str, Any]:
     """Train the reward model; returns the summary written to summary.json. An existing run
-    directory is refused unless `overwrite` (tether.io.resume)."""
+    directory is refused unless `overwrite` (tether.runs.resume)."""
     t0 = time.perf_counter()
     if not cfg.model.path:
         raise ConfigError("tether rm needs model.path: the causal LM the reward model starts from")
@@ -63,6 +67,8 @@ def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> d
         rng.shuffle(pairs)
         k = max(1, int(len(pairs) * r.eval_fraction))
         held_out, train_pairs = pairs[:k], pairs[k:]
+    # the held-out pairs stay with the run: `tether eval` of it reports their pair accuracy
+    do_write_jsonl(rd.root / EVAL_PAIRS, held_out)
     if len(train_pairs) < 2:
         raise ConfigError(f"only {len(train_pairs)} training pair(s): the reward model needs more (rm.problems, rm.samples)")
     model, tok = load_reward_model(cfg.model.path)
@@ -102,7 +108,12 @@ def run_rm(cfg: TetherConfig, run_dir: str | Path, overwrite: bool = False) -> d
     _do_save(model, tok, out)
     summary = {**_summary(r.steps, train_pairs, held_out, start_acc, acc, out), "wall_seconds": time.perf_counter() - t0}
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, out, r.steps)
     return summary
+
+
+def do_write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _do_save(model, tok, out: Path) -> None:

@@ -91,7 +91,7 @@ def _load_records(path: Path) -> tuple[list[SeqRecord], dict[str, float]]:
 def run_rs_sft(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Sample, filter, mix and fine-tune; writes final_model/ and summary.json (kind rs_sft)."""
     t0 = time.perf_counter()
-    rd, train, policy = start_stage(cfg, run_dir)
+    rd, train, policy = start_stage(cfg, run_dir, "rs_sft")
     data_file = rd.root / "rs_data.pt"
     if resume and data_file.is_file():
         records, stats = _load_records(data_file)
@@ -110,7 +110,7 @@ def run_rs_sft(cfg: TetherConfig, run_dir: str | Path, resume: bool = False) -> 
     print(f"[rs_sft] kept {int(stats['rs/kept'])} of {int(stats['rs/accepted'])} accepted samples "
           f"({stats['rs/accept_rate']:.2f} of {int(stats['rs/samples'])}), {int(stats['rs/mixed'])} mixed in", flush=True)
     # this stage's own folder: continue its SFT checkpoint if there is one (there is none on a fresh start)
-    _, sft = run_sft(cfg, rd.root, policy=policy, resume=True, records=records)
+    _, sft = run_sft(cfg, rd.root, policy=policy, resume=True, records=records, kind="rs_sft")
     summary = {**sft, "kind": "rs_sft", **stats, "wall_seconds": time.perf_counter() - t0}
     rd.write_summary(summary)
     return summary

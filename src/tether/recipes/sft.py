@@ -23,7 +23,8 @@ from tether.train.batching import SeqRecord, pad_records, split_by_token_budget
 from tether.config import TetherConfig
 from tether.data import ProblemStream
 from tether.io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tether.io.resume import do_apply_lr, do_open_run
+from tether.runs.lifecycle import do_finish_run
+from tether.runs.resume import do_apply_lr, do_open_run
 from tether.io.sinks import MultiSink, build_sinks
 from tether.optim import build_optimizer, build_scheduler, compute_all_finite
 from tether.policy.hf import HFPolicy
@@ -32,16 +33,18 @@ from tether.policy.lora import is_lora, save_adapter
 from tether.train.setup import attach_lora, configure_process, precision_summary, seed_run, setup_policy, setup_problems
 from tether.train.loop import graceful_interrupt, progress_bar
 from tether.rollout import compute_tokenizer_corpus, make_rollout
+from tether.rollout.prompt_format import compute_prompt_format
 from tether.train.update import UpdateState, do_guarded_step
 
 
 def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False,
-            records: list[SeqRecord] | None = None, overwrite: bool = False) -> tuple[HFPolicy, dict[str, Any]]:
+            records: list[SeqRecord] | None = None, overwrite: bool = False,
+            kind: str = "sft") -> tuple[HFPolicy, dict[str, Any]]:
     """Train on demonstrations for `cfg.sft.steps` steps; returns the policy and a summary.
     `records`: train on these sequences instead (recipes/rs_sft.py's accepted samples).
-    An existing run directory needs `resume` or `overwrite` (tether.io.resume)."""
+    An existing run directory needs `resume` or `overwrite` (tether.runs.resume)."""
     t_start, c_start = time.perf_counter(), time.process_time()
-    begin = do_open_run(run_dir, cfg, "sft", resume, overwrite)
+    begin = do_open_run(run_dir, cfg, kind, resume, overwrite)
     rd, ckpt = begin.run_dir, begin.checkpoint
     seed_run(cfg.run)
     configure_process(cfg.sandbox, cfg.model)
@@ -50,9 +53,17 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
         policy = setup_policy(cfg.model, cfg.run.seed, rd.root, lambda: compute_tokenizer_corpus(cfg.data.task, train))
     elif cfg.model.lora is not None:  # handed over in memory (a pipeline stage)
         attach_lora(policy, cfg.model.lora, rd.root / "base_model")
+    rollout = make_rollout(cfg)
+    demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
     if records is None:
-        demos = train[: cfg.sft.train_size] if cfg.sft.train_size else train
-        records = make_rollout(cfg).build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
+        records = rollout.build_demo_records(policy, demos, cfg)  # single-turn or the env's expert
+    # the run record: the prompt format the model learns (SFT teaches it, so no mismatch warning), and the
+    # demonstrations whose target is empty (only the stop token trained: a tether doctor finding)
+    fmt = compute_prompt_format(cfg.data.chat, demos, rollout.multi_turn)
+    empty = sum(sum(r.loss_mask) <= 1 for r in records) / max(len(records), 1)
+    if empty:
+        print(f"[tether] WARNING: {empty:.0%} of the SFT demonstrations have an empty target (the `completion` "
+              "column, else the answer): they teach the model to stop at once", flush=True)
     stream = ProblemStream([{"i": i} for i in range(len(records))], cfg.run.seed)
     model = policy.model
     model.train()
@@ -93,11 +104,13 @@ def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = No
         model.save_pretrained(str(final), safe_serialization=True)
     policy.tokenizer.save_pretrained(str(final))
     sinks.close()
-    summary = {"kind": "sft", "steps": step, "final_loss": losses[-1] if losses else None,
+    summary = {"kind": kind, "steps": step, "final_loss": losses[-1] if losses else None,
                "final_model": str(final), "wall_seconds": time.perf_counter() - t_start,
                "cpu_seconds": time.process_time() - c_start, "interrupted": bool(stop),
-               "precision": precision_summary(cfg.model, policy), "nonfinite_steps": update.nonfinite_steps}
+               "precision": precision_summary(cfg.model, policy), "nonfinite_steps": update.nonfinite_steps,
+               "prompt_format": fmt, "sft_empty_targets": empty}
     rd.write_summary(summary)
+    do_finish_run(rd.root, summary, final, step)  # the result is final_model/, whatever checkpoint.every
     return policy, summary
 
 

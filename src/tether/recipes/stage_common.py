@@ -19,14 +19,17 @@ from tether.tasks import read_jsonl_fields  # noqa: F401  (re-exported for the s
 from tether.types import Trajectory, TrajectoryGroup
 
 
-def start_stage(cfg: TetherConfig, run_dir: str | Path):
-    """A stage recipe's opening: its run directory (config written), seeds, the train problems
-    and the starting policy (`model.path`, or a new tiny model). Returns (run dir, train, policy)."""
+def start_stage(cfg: TetherConfig, run_dir: str | Path, kind: str):
+    """A stage recipe's opening: its run directory (config and run record written), seeds, the
+    train problems and the starting policy (`model.path`, or a new tiny model). Returns (run dir,
+    train, policy)."""
     from tether.io.run_dir import make_run_dir
+    from tether.runs.lifecycle import do_start_record
     from tether.train.setup import configure_process, seed_run, setup_policy, setup_problems
 
     rd = make_run_dir(run_dir)
     rd.write_config(cfg)
+    do_start_record(rd.root, cfg, kind)
     seed_run(cfg.run)
     configure_process(cfg.sandbox, cfg.model)
     train, _ = setup_problems(cfg.data)

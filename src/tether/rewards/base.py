@@ -27,13 +27,17 @@ from __future__ import annotations
 import math
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from tether.config_text import ConfigError
 from tether.registry import Registry, import_object
 from tether.types import Outcome
 
-RewardFn = Callable[..., "float | dict[str, float] | None"]  # fn(text, task, **kwargs); see above
+@runtime_checkable
+class RewardFn(Protocol):
+    """What a reward function is (see the module doc): any callable `fn(text, task, **kwargs)`."""
+
+    def __call__(self, text: str, task: Mapping[str, Any], /, **kwargs: Any) -> float | dict[str, float] | None: ...
 
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
 

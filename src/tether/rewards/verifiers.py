@@ -213,3 +213,21 @@ def math_verify_reward(text: str, task: Mapping[str, Any], *, timeout_s: int = 3
 
 
 math_verify_reward.prepare = _do_import_math_verify  # type: ignore[attr-defined]
+
+
+# `finds_answer(text) -> bool`: whether the reward can read an answer in `text` at all (a fact of the
+# function, asked by tether doctor's first-steps findings: "answers never parsed", tether.health.first_steps)
+def _math_verify_finds(text: str) -> bool:
+    import math_verify as mv
+
+    tagged = _ANSWER_TAG.findall(text)
+    limit = 3 if threading.current_thread() is threading.main_thread() else None  # signal.alarm: main thread only
+    try:
+        return bool(mv.parse(tagged[-1] if tagged else text, parsing_timeout=limit))
+    except Exception:  # math-verify's own failure reads as "no answer found" here; the reward itself reports it
+        return False
+
+
+math_verify_reward.finds_answer = _math_verify_finds  # type: ignore[attr-defined]
+numeric_reward.finds_answer = lambda text: parse_final_number(extract_answer(text) or text) is not None  # type: ignore[attr-defined]
+exact_match_reward.finds_answer = lambda text: bool(_clean(extract_answer(text) or text))  # type: ignore[attr-defined]

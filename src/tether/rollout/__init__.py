@@ -68,15 +68,30 @@ def compute_tokenizer_corpus(task: str, problems: Sequence[Mapping[str, Any]]) -
             for p in problems]
 
 
+def sample_task_demonstrations(d: Any, limit: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """At most `limit` generated problems of a built-in task (`d`: the data section) and the text SFT
+    trains on for each (tether.config.fit's statistics); an environment has no single-turn rows."""
+    from tether.config_text import ConfigError
+    from tether.tasks import demonstration, make_problems
+
+    if is_episode_task(d.task):
+        raise ConfigError(f"data.task={d.task!r} is an environment: `auto` settings read single-turn rows; "
+                          "give numbers instead of auto")
+    rows = make_problems(d.task, min(d.train_size, limit), d.seed, d.task_kwargs)
+    return rows, [demonstration(d.task, r) for r in rows]
+
+
 def make_rollout(cfg: Any) -> Rollout:
     """The rollout for `cfg.data.task` with the config's rewards / environment settings."""
     r = cfg.rollout
     h = getattr(cfg, "harness", None)
     if h is not None and h.command:  # a black-box agent program against the rollout endpoint
         from tether.rollout.harness import HarnessRollout
+        from tether.rollout.prompt_format import read_trained_prompt_format
 
         return HarnessRollout(h.command, cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
-                              max_error_rate=cfg.env.max_error_rate)
+                              max_error_rate=cfg.env.max_error_rate, persistent=h.persistent,
+                              prompt_format=read_trained_prompt_format(cfg.model.path))
     if cfg.data.task == "verifiers":  # a verifiers Environment runs its own loop against the endpoint
         from tether.rollout.verifiers import make_verifiers_rollout
 

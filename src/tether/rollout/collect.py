@@ -7,6 +7,7 @@ so `tether.dist.worker` runs exactly what `tether train` runs without importing 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,7 +52,7 @@ def collect_groups(st: RolloutState, rollout: Any, r: RolloutConfig,
     """Rollouts for B_p problems (`r.problems_per_step`, `r.n` each) played by `rollout` (a
     tether.rollout.Rollout); with dynamic sampling (DAPO, arXiv 2503.14476 §3.2), redraw until B_p
     informative groups or `max_gen_batches` extra rounds."""
-    from tether.health.telemetry import compute_weights_fingerprint
+    from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
 
     kept: list[TrajectoryGroup] = []
     metrics: dict[str, float] = {}
@@ -62,7 +63,10 @@ def collect_groups(st: RolloutState, rollout: Any, r: RolloutConfig,
         groups, m = rollout.run(st.policy, problems, r.n, sampling, st.generator)  # after the sampler seam
         # the weights that sampled, and their version (health: stale sync); after the rollout, so an
         # in-flight update adopted mid-generation (dist.inflight) is the version fingerprinted
+        t_fp = time.perf_counter()
         m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))
+        m["rollout/buffers_fp"] = compute_buffers_fingerprint(getattr(st.policy, "model", None))  # non-parameter state
+        m["time/fingerprint"] = time.perf_counter() - t_fp  # the health layer's cost here (benchmarks/health_overhead.py)
         m["rollout/weights_fp_version"] = float(getattr(st.policy, "version", float("nan")))
         groups = st.faults.end_rollout(groups)  # seams: rewards, rollout log-probs, grouping
         if i == 0:

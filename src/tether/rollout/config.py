@@ -27,10 +27,13 @@ class RolloutConfig(Section):
 
 
 class HarnessConfig(Section):
-    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.rollout.harness)."""
+    """A black-box agent program trained through the OpenAI-compatible endpoint (tether.rollout.harness, agent_io)."""
 
-    command: list[str] | None = Field(None, description="the agent program and its arguments, run once per episode "
-                                                        "with OPENAI_BASE_URL / OPENAI_API_KEY / TETHER_TASK set")
+    command: list[str] | None = Field(None, description="the agent program and its arguments (`python`: the interpreter "
+                                                        "tether runs in), run once per episode with OPENAI_BASE_URL / "
+                                                        "OPENAI_API_KEY / TETHER_TASK set")
+    persistent: bool = Field(False, description="start `concurrency` agent processes once; each serves many episodes, "
+                                                "one JSON line in on stdin and one out on stdout (tether.rollout.agent_io)")
     timeout_s: float = Field(300.0, gt=0, description="wall clock of one agent run")
     concurrency: int = Field(8, ge=1, description="agent programs running at once (their calls are batched)")
     host: str = Field("127.0.0.1", description="the endpoint's address; any non-loopback address needs `token`")

@@ -1,33 +1,32 @@
 """A black-box agent harness: a user's agent program (any language) plays each problem against
 tether's OpenAI-compatible endpoint (`tether.serve.endpoint`), and its final answer is scored.
 
-    harness.command=["python", "my_agent.py"]       # with any data.task (built-in, jsonl, hf)
+    harness.command=[python, my_agent.py]           # with any data.task (built-in, jsonl, hf)
+    harness.persistent=true                         # one process serves many episodes (stdin/stdout lines)
 
-Per episode the program is started with these environment variables:
+How the program is run and how its result is read (one process per episode, or persistent
+processes; `python` is tether's own interpreter; strict output parsing): `tether.rollout.agent_io`.
+The agent talks to the endpoint with any OpenAI client, as many calls as it likes, and reports
+`{"reward": x}`, `{"answer": "42"}` or (per-episode mode) a plain last line that is the answer. An
+answer is scored by the run's reward (`reward.components`) against the problem. The trajectory is
+the episode's completions as tether sampled them (token ids and log-probs), so the agent never
+needs to return tokens. A program that exits non-zero, prints nothing or garbage, makes no call
+or runs past `harness.timeout_s` is an error outcome: counted, shown with its stderr tail and
+masked out of the update (docs/design.md, correctness rule 6); more than `env.max_error_rate`
+of a call's episodes failing stops the run with the first error.
 
-    OPENAI_BASE_URL   http://127.0.0.1:<port>/episodes/<episode id>/v1  (every call joins the episode)
-    OPENAI_API_KEY    the run's token ("tether-local" on loopback without one)
-    TETHER_TASK       the problem as JSON (prompt, answer hidden: key removed)
-    TETHER_EPISODE_ID the episode id
-
-It talks to the endpoint with any OpenAI client, as many calls as it likes, and prints its result
-as the LAST line of stdout: `{"reward": 0.7}` (its own score), `{"answer": "42"}`, or a plain line
-that is the answer. An answer is scored by the run's reward (`reward.components`) against the
-problem. The trajectory is the episode's completions as tether sampled them (token ids and
-log-probs; `tether.serve.endpoint`), so the agent never needs to return tokens. A program that exits
-non-zero, prints nothing, makes no call or runs past `harness.timeout_s` is an error outcome:
-counted and masked out of the update (docs/design.md, correctness rule 6).
+The endpoint knows the prompt format the model was trained on (`tether.rollout.prompt_format`):
+an agent that sends chat requests to a raw-prompt model (or the reverse) is warned about at its
+first request and counted (`rollout/prompt_format_mismatch`, a `tether doctor` finding).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+import math
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+import uuid
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -35,64 +34,10 @@ import torch
 from tether.policy.config import SamplingConfig
 from tether.rewards.config import RewardConfig
 from tether.rewards import run_rewards
+from tether.rollout.agent_io import MAX_OUTPUT_BYTES, AgentPool, EpisodeResult, parse_agent_output, run_agent
 from tether.types import Outcome, RewardResult, Sample, StopReason, Trajectory, TrajectoryGroup
 
-MAX_OUTPUT_CHARS = 4000
-
-
-@dataclass(frozen=True)
-class EpisodeResult:
-    """What one agent run produced: its reward or answer, or why it failed."""
-
-    reward: float | None = None
-    answer: str | None = None
-    error: str = ""
-    outcome: Outcome = Outcome.OK
-    seconds: float = 0.0
-
-
-def parse_agent_output(stdout: str) -> tuple[float | None, str | None]:
-    """(reward, answer) from the program's last non-empty stdout line (see module docstring)."""
-    lines = [line for line in stdout.strip().splitlines() if line.strip()]
-    if not lines:
-        raise ValueError("the agent printed nothing (its last stdout line must be its answer or {\"reward\": x})")
-    last = lines[-1].strip()
-    if last.startswith("{"):
-        try:
-            obj = json.loads(last)
-        except json.JSONDecodeError:
-            return None, last
-        if isinstance(obj, dict) and "reward" in obj:
-            return float(obj["reward"]), None
-        if isinstance(obj, dict) and "answer" in obj:
-            return None, str(obj["answer"])
-    return None, last
-
-
-def run_agent(command: Sequence[str], task: Mapping[str, Any], base_url: str, api_key: str, episode_id: str,
-              timeout_s: float, cwd: str | None = None) -> EpisodeResult:
-    """Run the agent program once (see module docstring); never raises."""
-    env = dict(os.environ, OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, TETHER_EPISODE_ID=episode_id,
-               TETHER_TASK=json.dumps({k: v for k, v in task.items() if k != "answer"}, default=str))
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(list(command), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return EpisodeResult(error=f"agent ran past harness.timeout_s={timeout_s:g}", outcome=Outcome.TIMEOUT,
-                             seconds=time.perf_counter() - t0)
-    except OSError as err:
-        return EpisodeResult(error=f"cannot start {command[0]!r}: {err}", outcome=Outcome.ERROR)
-    dt = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-MAX_OUTPUT_CHARS:].strip().splitlines()[-1:] or [""]
-        return EpisodeResult(error=f"agent exited with {proc.returncode}: {tail[0][:300]}", outcome=Outcome.ERROR,
-                             seconds=dt)
-    try:
-        reward, answer = parse_agent_output(proc.stdout[-MAX_OUTPUT_CHARS:])
-    except ValueError as err:
-        return EpisodeResult(error=str(err), outcome=Outcome.INVALID, seconds=dt)
-    return EpisodeResult(reward=reward, answer=answer, seconds=dt)
+__all__ = ["EpisodeResult", "HarnessRollout", "MAX_OUTPUT_BYTES", "parse_agent_output", "run_agent"]
 
 
 @dataclass
@@ -111,8 +56,12 @@ class HarnessRollout:
     max_error_rate: float = 1.0  # env.max_error_rate: more failed agent runs in one call stop the run
     multi_turn: bool = False  # the task's problems are single-turn prompts; the agent owns its context
     # an in-process agent instead of `command`: agent(task, base_url, api_key, episode_id, timeout_s) -> EpisodeResult
-    # (tether.envs.verifiers_env runs a verifiers environment's own rollout loop this way)
+    # (tether.rollout.verifiers runs a verifiers environment's own rollout loop this way)
     agent: Callable[..., EpisodeResult] | None = None
+    persistent: bool = False  # harness.persistent: `command` serves many episodes (tether.rollout.agent_io)
+    prompt_format: str | None = None  # what the model was trained on ("chat" | "raw"; model.path's run record): None unknown
+    progress_s: float = 10.0  # a progress line at most this often while a call runs (0: none)
+    checks_prompt_format: bool = True  # a fact: the endpoint checks each request's format (the agent chooses it)
 
     def fit_problems(self, problems: Sequence[Mapping[str, Any]], policy: Any, cfg: Any, what: str) -> list:
         """As a single-turn task: the prompt must fit the context (data.on_overlong)."""
@@ -127,6 +76,31 @@ class HarnessRollout:
         return build_single_turn_demo_records(policy, problems, cfg.data.task, cfg.data.chat, cfg.sft.demo_noise,
                                               cfg.run.seed)
 
+    def _player(self, api_key: str) -> Callable[..., EpisodeResult]:
+        if self.agent is not None:
+            return self.agent
+        if self.persistent:
+            return AgentPool.get(self.command, api_key).play
+        return lambda *a: run_agent(self.command, *a)
+
+    def _play_all(self, server: Any, jobs: list, label: str) -> list[EpisodeResult]:
+        """Every job through the agent, `concurrency` at once, with a progress line every `progress_s`."""
+        play = self._player(server.api_key)
+        results: list[EpisodeResult | None] = [None] * len(jobs)
+        t0 = last = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            futures = {pool.submit(play, p, server.episode_url(eid), server.api_key, eid, self.timeout_s): k
+                       for k, (p, eid) in enumerate(jobs)}
+            for done, fut in enumerate(as_completed(futures), 1):
+                results[futures[fut]] = fut.result()
+                now = time.perf_counter()
+                if self.progress_s and now - last >= self.progress_s and done < len(jobs):
+                    last = now
+                    failed = sum(r is not None and r.outcome is not Outcome.OK for r in results)
+                    print(f"[tether harness] {label}{done}/{len(jobs)} episodes ({done / (now - t0):.1f}/s"
+                          f"{f', {failed} failed' if failed else ''})", flush=True)
+        return [r for r in results if r is not None]
+
     def run(self, policy: Any, problems: Sequence[Mapping[str, Any]], n: int, sampling: SamplingConfig,
             generator: torch.Generator | None = None, greedy: bool = False,
             generate: Callable[..., list[Sample]] | None = None) -> tuple[list[TrajectoryGroup], dict[str, float]]:
@@ -137,13 +111,11 @@ class HarnessRollout:
         if greedy:
             sampling = sampling.model_copy(update={"temperature": 1e-4})  # the agent's own temperature rules
         jobs = [(p, f"{p.get('id', g)}-{j}-{uuid.uuid4().hex[:8]}") for g, p in enumerate(problems) for j in range(n)]
-        with RolloutServer(policy, sampling, self.host, token=self.token, seed=seed) as server:
-            play = self.agent or (lambda *a: run_agent(self.command, *a))
-            with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-                results = list(pool.map(lambda job: play(job[0], server.episode_url(job[1]), server.api_key, job[1],
-                                                         self.timeout_s), jobs))
+        with RolloutServer(policy, sampling, self.host, token=self.token, seed=seed,
+                           prompt_format=self.prompt_format) as server:
+            results = self._play_all(server, jobs, "greedy: " if greedy else "")
             turns = [server.pop_episode(eid) for _, eid in jobs]
-            mismatches = server.template_mismatches
+            mismatches, formats, format_mismatches = server.template_mismatches, server.format_requests, server.format_mismatches
         t_agents = time.perf_counter() - t0
         rewards = self._score(jobs, results, turns)
         groups = []
@@ -161,11 +133,20 @@ class HarnessRollout:
             "rollout/gen_tokens": float(sum(len(t.action_ids) for ts in turns for t in ts)),
             "harness/calls_mean": sum(len(ts) for ts in turns) / max(len(turns), 1),
             "harness/error_rate": len(failed) / max(len(rewards), 1),
+            "harness/invalid": float(sum(r.outcome is Outcome.INVALID for r in rewards)),
             "harness/template_mismatches": float(mismatches),
             "harness/agent_seconds_mean": sum(r.seconds for r in results) / max(len(results), 1),
+            "harness/episodes_per_s": len(jobs) / max(t_agents, 1e-9),
         }
+        if requests := sum(formats.values()):  # the agent's prompt format, and the share of its calls in the other
+            metrics["harness/chat_requests_frac"] = formats["chat"] / requests  # format than the model was trained on
+            if self.prompt_format is not None:
+                metrics["rollout/prompt_format_mismatch"] = format_mismatches / requests
         if correct:
             metrics["harness/success_rate"] = sum(bool(c) for c in correct) / len(correct)
+        if failed:
+            print(f"[tether harness] {len(failed)} of {len(rewards)} agent runs failed (masked out of the update); "
+                  f"first: {failed[0].error[:500]}", flush=True)
         if failed and metrics["harness/error_rate"] > self.max_error_rate:  # systematic: stop, name the cause (rule 9)
             from tether.rollout.runner import EnvFailure
 
@@ -181,8 +162,12 @@ class HarnessRollout:
             if res.outcome is not Outcome.OK or not ts:
                 error = res.error or "the agent made no call to the endpoint"
                 out[k] = RewardResult(0.0, outcome=res.outcome if res.error else Outcome.INVALID, error=error)
+            elif res.reward is not None and not (isinstance(res.reward, (int, float)) and math.isfinite(res.reward)):
+                # an in-process agent's own score (a verifiers rubric) is held to the same rule as a program's output
+                out[k] = RewardResult(0.0, outcome=Outcome.INVALID, error=f"the agent's reward must be a finite number, "
+                                                                          f"got {res.reward!r:.40}")
             elif res.reward is not None:
-                out[k] = RewardResult(res.reward, {"agent": res.reward}, correct=res.reward > 0)
+                out[k] = RewardResult(float(res.reward), {"agent": float(res.reward)}, correct=res.reward > 0)
             else:
                 to_score.append(k)
         if to_score:

@@ -140,6 +140,10 @@ def compute_prompt_limit(cfg: Any, max_positions: int) -> int:
     """Prompt tokens that fit: rollout.max_prompt_tokens, and the model's context minus the longest completion."""
     new = max(cfg.rollout.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
     room = max_positions - new
+    if room <= 0 and not cfg.model.path:  # the tiny model stands in for a forgotten model.path: say that first
+        raise InputError(f"model.path is not set, so tether built its tiny model (model.tiny: {max_positions} positions), "
+                         f"where max_new_tokens={new} leaves no room for a prompt: set model.path=<your model directory>, "
+                         "or lower rollout/eval.sampling.max_new_tokens for the tiny model")
     if room <= 0:
         raise InputError(f"rollout/eval.sampling.max_new_tokens={new} leaves no room for a prompt in the model's "
                          f"context of {max_positions} positions: lower max_new_tokens")

@@ -96,5 +96,8 @@ def make_verifiers_rollout(cfg: Any) -> HarnessRollout | None:
         agent, kind = play_verifiers_episode, "verifiers environment (its own rollout loop)"
     else:
         return None
+    from tether.rollout.prompt_format import read_trained_prompt_format
+
     return HarnessRollout((), cfg.reward, h.timeout_s, h.concurrency, h.host, h.token, cfg.run.seed,
-                          kind=kind, max_error_rate=cfg.env.max_error_rate, agent=agent)
+                          kind=kind, max_error_rate=cfg.env.max_error_rate, agent=agent,
+                          prompt_format=read_trained_prompt_format(cfg.model.path))  # its chat requests are checked

@@ -20,6 +20,12 @@ calls are what tether returned, so re-tokenising the conversation never changes 
 tokens; an assistant message the agent rewrote is rendered as text and counted
 (`template_mismatches`).
 
+Requests are validated against the schema of the OpenAI subset served (`tether.serve.schema`):
+a malformed one gets HTTP 400 naming the field (`messages[0].role: field required`), never a 500
+or a traceback in the training log. A chat request against a model trained on raw prompts (or a
+raw completion request against a chat-trained one, `prompt_format`) is counted and warned about
+at its first occurrence (`tether.rollout.prompt_format`).
+
 Generation runs on one thread that batches concurrent requests with equal sampling settings
 (many agent processes, one batched `run_generate` call). The server binds 127.0.0.1 by default;
 bound to any other address it requires `token`, and every request must carry
@@ -44,8 +50,11 @@ import torch
 
 from tether.policy.config import SamplingConfig
 from tether.envs.tools import parse_tool_calls
+from tether.errors import UserError
 from tether.policy.chat import Message, compute_context_ids
 from tether.policy.hf import HFPolicy, run_generate
+from tether.policy.prompt_format import CHAT, RAW, mismatch_message, warn_once
+from tether.serve.schema import ChatMessage, ChatRequest, CompletionRequest, RequestError, parse_request
 from tether.serve.sse import completion_events
 from tether.types import Sample, StopReason, Turn
 
@@ -134,7 +143,8 @@ class RolloutServer:
     """The endpoint (see module docstring). `close()` (or the context manager) stops it."""
 
     def __init__(self, policy: HFPolicy, sampling: SamplingConfig, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, seed: int = 0, batching: Batching = Batching()) -> None:
+                 token: str | None = None, seed: int = 0, batching: Batching = Batching(),
+                 prompt_format: str | None = None) -> None:
         batch_wait_s, max_batch, model_name = batching.wait_s, batching.max_batch, batching.model_name
         if not is_loopback(host) and not token:
             raise ValueError(f"serve host {host!r} is not a loopback address: set a token; every request must "
@@ -149,6 +159,10 @@ class RolloutServer:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[int, ...]] = {}
         self.template_mismatches = 0
+        # the format the model was trained on ("chat" | "raw" | None: unknown); requests in the other are counted
+        self.prompt_format, self.format_mismatches = prompt_format, 0
+        self.format_requests = {CHAT: 0, RAW: 0}  # requests by the format they render the prompt in
+        self.format_warning: str | None = None
         self._batcher = _Batcher(policy, torch.Generator().manual_seed(seed), batch_wait_s, max_batch)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -195,49 +209,73 @@ class RolloutServer:
 
     # ------------------------------------------------------------------------- requests
 
-    def _sampling(self, body: Mapping[str, Any]) -> tuple[SamplingConfig, bool]:
+    def _sampling(self, req: ChatRequest | CompletionRequest) -> tuple[SamplingConfig, bool]:
         """The request's sampling settings over the run's; temperature 0 is greedy."""
         update: dict[str, Any] = {}
-        if body.get("temperature") is not None and float(body["temperature"]) > 0:
-            update["temperature"] = float(body["temperature"])
-        if body.get("top_p") is not None:
-            update["top_p"] = float(body["top_p"])
-        if body.get("max_completion_tokens") or body.get("max_tokens"):
-            update["max_new_tokens"] = int(body.get("max_completion_tokens") or body["max_tokens"])
-        greedy = body.get("temperature") is not None and float(body["temperature"]) == 0
+        if req.temperature is not None and req.temperature > 0:
+            update["temperature"] = float(req.temperature)
+        if req.top_p is not None:
+            update["top_p"] = float(req.top_p)
+        if req.new_tokens:
+            update["max_new_tokens"] = int(req.new_tokens)
+        greedy = req.temperature is not None and req.temperature == 0
         return (self.sampling.model_copy(update=update) if update else self.sampling), greedy
+
+    def _check_prompt(self, context: Sequence[int], param: str, used: str | None) -> None:
+        """The prompt must leave room to sample; a request in the other prompt format is counted."""
+        room = self.policy.max_positions - len(context)
+        if room < 1:
+            raise RequestError(param, f"the prompt is {len(context)} tokens: no room to sample in the model's "
+                                      f"{self.policy.max_positions} positions; shorten it")
+        if used is None:
+            return
+        with self._lock:
+            self.format_requests[used] += 1
+            if self.prompt_format is None or used == self.prompt_format:
+                return
+            self.format_mismatches += 1
+            first, self.format_warning = self.format_warning is None, self.format_warning or mismatch_message(
+                self.prompt_format, used, "the agent (POST /v1/" + ("chat/completions)" if used == CHAT else "completions)"))
+        if first:  # at the first episode that shows it (once per process)
+            warn_once(self.format_warning)
 
     def _record(self, episode: str | None, context: Sequence[int], sample: Sample, message: Mapping[str, Any]) -> None:
         if episode:
             with self._lock:
                 self._episodes.setdefault(episode, []).append(Completion(tuple(context), sample, message))
 
-    def _chat_messages(self, episode: str | None, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+    def _chat_messages(self, episode: str | None, messages: Sequence[ChatMessage]) -> list[Message]:
         """Request messages -> tether Messages; assistant turns tether sampled keep their ids."""
         with self._lock:
             done = list(self._episodes.get(episode or "", []))
         out, k = [], 0
         for m in messages:
-            role, content = m.get("role"), _text(m.get("content"))
-            if role != "assistant":
-                out.append(Message(str(role), content))
+            content = m.text()
+            if m.role != "assistant":
+                out.append(Message(m.role, content))
                 continue
             mine = done[k] if k < len(done) else None
             k += 1
-            if mine is not None and _same_message(mine.message, m):
+            theirs = m.model_dump(exclude_none=True)
+            if mine is not None and _same_message(mine.message, theirs):
                 out.append(Message("assistant", content, mine.sample.token_ids))
             else:
                 self.template_mismatches += mine is not None
-                calls = "".join(f"<tool_call>{json.dumps(c.get('function', c))}</tool_call>" for c in m.get("tool_calls") or [])
+                calls = "".join(f"<tool_call>{json.dumps(c.function.model_dump())}</tool_call>" for c in m.tool_calls or [])
                 out.append(Message("assistant", content + calls))
         return out
 
-    def chat(self, body: Mapping[str, Any], episode: str | None) -> dict[str, Any]:
-        episode = body.get("episode_id") or episode
-        msgs = self._chat_messages(episode, body.get("messages") or [])
-        tools = body.get("tools") or None
-        context = compute_context_ids(self.policy.tokenizer, msgs, tools, self.policy.stop_ids, self._cache)
-        sample = self._batcher.submit(context, *self._sampling(body))
+    def chat(self, req: ChatRequest, episode: str | None) -> dict[str, Any]:
+        episode = req.episode_id or episode
+        msgs = self._chat_messages(episode, req.messages)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        try:
+            context = compute_context_ids(self.policy.tokenizer, msgs, tools, self.policy.stop_ids, self._cache)
+        except Exception as err:  # jinja2 errors of the model's own template: the request's messages, not a crash
+            raise RequestError("messages", f"the model's chat template cannot render these messages "
+                                           f"({type(err).__name__}: {str(err)[:200]})") from None
+        self._check_prompt(context, "messages", CHAT)
+        sample = self._batcher.submit(context, *self._sampling(req))
         text = _decode(self.policy, sample)
         parsed = parse_tool_calls(text) if tools else None
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -249,23 +287,25 @@ class RolloutServer:
             finish = "tool_calls"
         self._record(episode, context, sample, message)
         choice = {"index": 0, "message": message, "finish_reason": finish, "token_ids": list(sample.token_ids),
-                  "logprobs": {"content": self._token_logprobs(sample)} if body.get("logprobs") else None}
+                  "logprobs": {"content": self._token_logprobs(sample)} if req.logprobs else None}
         return self._envelope("chat.completion", choice, context, sample, episode)
 
-    def completion(self, body: Mapping[str, Any], episode: str | None) -> dict[str, Any]:
-        episode = body.get("episode_id") or episode
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            context = [int(t) for t in prompt]
-        elif isinstance(prompt, str):
-            context = list(self.policy.tokenizer.encode(prompt, add_special_tokens=True))
+    def completion(self, req: CompletionRequest, episode: str | None) -> dict[str, Any]:
+        episode = req.episode_id or episode
+        if isinstance(req.prompt, list):  # token ids: the format is the caller's business
+            vocab = int(self.policy.model.get_input_embeddings().num_embeddings)
+            bad = next((i for i, t in enumerate(req.prompt) if t >= vocab), None)
+            if bad is not None:
+                raise RequestError(f"prompt[{bad}]", f"token id {req.prompt[bad]} is not in the vocabulary (size {vocab})")
+            context, used = list(req.prompt), None
         else:
-            raise ValueError("prompt must be a string or a list of token ids (one prompt per request)")
-        sample = self._batcher.submit(context, *self._sampling(body))
+            context, used = list(self.policy.tokenizer.encode(req.prompt, add_special_tokens=True)), RAW
+        self._check_prompt(context, "prompt", used)
+        sample = self._batcher.submit(context, *self._sampling(req))
         text = _decode(self.policy, sample)
         self._record(episode, context, sample, {"role": "assistant", "content": text})
         logprobs = None
-        if body.get("logprobs") is not None:
+        if req.logprobs is not None:
             pieces = [self.policy.tokenizer.decode([t]) for t in sample.token_ids]
             offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
             logprobs = {"tokens": pieces, "token_logprobs": list(sample.logprobs), "top_logprobs": None,
@@ -299,37 +339,38 @@ class RolloutServer:
                 return JSONResponse({"error": {"message": "missing or wrong bearer token", "type": "auth"}}, 401)
             return await call_next(request)
 
-        async def handle(request: Request, fn, episode: str | None):
+        async def handle(request: Request, fn, kind, episode: str | None):
             try:
-                body = await request.json()
-                if not isinstance(body, dict):
-                    raise ValueError("the request body must be a JSON object")
-                if int(body.get("n") or 1) != 1:
-                    raise ValueError("n must be 1: send one request per sample (they are batched)")
+                req = parse_request(await request.body(), kind)
                 episode = episode or request.headers.get("x-tether-episode")
-                result = await run_in_threadpool(fn, body, episode)
-                if body.get("stream"):  # the finished completion as OpenAI's server-sent events (tether.serve.sse)
-                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                result = await run_in_threadpool(fn, req, episode)
+                if req.stream:  # the finished completion as OpenAI's server-sent events (tether.serve.sse)
+                    usage = bool(req.stream_options and req.stream_options.include_usage)
                     return StreamingResponse(completion_events(result, usage), media_type="text/event-stream")
                 return JSONResponse(result)
-            except (ValueError, TypeError, KeyError) as err:
-                return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "type": "invalid_request"}}, 400)
+            except (RequestError, UserError) as err:  # the request's fault: 400, the field named, one line
+                return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error",
+                                               "param": getattr(err, "param", None), "code": None}}, 400)
+            except Exception as err:  # tether's fault: 500 and one log line; the server and the run go on
+                print(f"[tether serve] error: {type(err).__name__}: {str(err)[:300]}", flush=True)
+                return JSONResponse({"error": {"message": f"internal error: {type(err).__name__}: {str(err)[:300]}",
+                                               "type": "server_error", "param": None, "code": None}}, 500)
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
-            return await handle(request, self.chat, None)
+            return await handle(request, self.chat, ChatRequest, None)
 
         @app.post("/episodes/{episode}/v1/chat/completions")
         async def episode_chat(request: Request, episode: str):
-            return await handle(request, self.chat, episode)
+            return await handle(request, self.chat, ChatRequest, episode)
 
         @app.post("/v1/completions")
         async def completions(request: Request):
-            return await handle(request, self.completion, None)
+            return await handle(request, self.completion, CompletionRequest, None)
 
         @app.post("/episodes/{episode}/v1/completions")
         async def episode_completions(request: Request, episode: str):
-            return await handle(request, self.completion, episode)
+            return await handle(request, self.completion, CompletionRequest, episode)
 
         @app.get("/v1/models")
         async def models():

@@ -9,7 +9,7 @@ import torch
 
 from tether.algos import ADVANTAGES, AdvantageInputs, compute_advantages, compute_kl_in_reward
 from tether.algos.config import AlgoConfig
-from tether.health import compute_advantage_alignment
+from tether.health import compute_advantage_alignment, compute_mask_coverage
 from tether.policy.config import SamplingConfig
 from tether.rewards.config import RewardConfig
 from tether.train.batching import build_records, pad_records
@@ -38,10 +38,11 @@ def make_train_batch(st: RLState, groups: list[TrajectoryGroup], a: AlgoConfig, 
     p = pad_records(records, st.policy.pad_id)
     temp = sampling.temperature
     token_rewards, values, baseline = p.token_rewards_BT, None, None
-    if st.ref is not None and a.kl.placement == "reward" and st.update.kl_coef > 0:
+    ref = st.faults.on_reference(st.ref)  # seam: the reference model
+    if ref is not None and a.kl.placement == "reward" and st.update.kl_coef > 0:
         stub = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT,
                           torch.zeros_like(p.rollout_logp_BT), p.group_B, p.traj_B, kept_BT=p.kept_BT)
-        ref_logp = compute_batch_logprobs(st.ref, stub, temp, train.micro_batch_tokens)
+        ref_logp = compute_batch_logprobs(ref, stub, temp, train.micro_batch_tokens)
         token_rewards, kl_BT = compute_kl_in_reward(token_rewards, p.rollout_logp_BT, ref_logp, p.loss_mask_BT,
                                                     st.update.kl_coef, a.kl.estimator, a.kl.clamp)
         metrics["kl_reward"] = float(kl_BT.sum() / p.loss_mask_BT.sum().clamp(min=1))
@@ -60,10 +61,14 @@ def make_train_batch(st: RLState, groups: list[TrajectoryGroup], a: AlgoConfig, 
     batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
                        p.group_B, p.traj_B, adv.returns_BT, values, kept_BT=p.kept_BT)  # kept: the sampling mask
     batch = st.faults.on_batch(batch)  # seam: the loss's inputs (loss mask, advantages, rollout log-probs)
-    mask = p.loss_mask_BT > 0
-    metrics["advantage/mean"] = float(adv.advantages_BT[mask].mean()) if mask.any() else 0.0
-    metrics["advantage/abs_mean"] = float(adv.advantages_BT[mask].abs().mean()) if mask.any() else 0.0
-    metrics.update(compute_advantage_alignment(adv.advantages_BT, p.scores_B, p.loss_mask_BT, p.group_B))
+    # the checks read the batch the loss will see, after every fault seam
+    mask = batch.loss_mask_BT > 0
+    metrics["advantage/mean"] = float(batch.advantages_BT[mask].mean()) if mask.any() else 0.0
+    metrics["advantage/abs_mean"] = float(batch.advantages_BT[mask].abs().mean()) if mask.any() else 0.0
+    metrics.update(compute_advantage_alignment(batch.advantages_BT, p.scores_B, batch.loss_mask_BT, p.group_B))
+    if p.turn_BT is not None and batch.loss_mask_BT.shape == p.turn_BT.shape:  # per position: sampled vs trained
+        metrics.update(compute_mask_coverage(batch.loss_mask_BT, p.turn_BT >= 0,
+                                             torch.tensor([r.weight > 0 for r in records])))
     metrics["batch/sequences"], metrics["batch/loss_tokens"] = float(batch.num_seqs), float(batch.num_loss_tokens)
     metrics["reward/masked_invalid"] = float((~p.valid_B).sum())
     return batch, metrics

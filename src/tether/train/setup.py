@@ -91,8 +91,9 @@ def setup_policy(model: ModelConfig, seed: int, run_dir: Path, corpus: Callable[
         if m.dtype == "bfloat16":
             built.to(torch.bfloat16)
         policy = make_policy(built, tok, m.device, m.autocast_bf16)
-    if m.lora is not None:
-        attach_lora(policy, m.lora, Path(m.path) if m.path else Path(run_dir) / "base_model")
+    if m.lora is not None:  # adapters name their base: a full model, never another adapter (saved merged here)
+        own = m.path and not is_adapter_dir(m.path)
+        attach_lora(policy, m.lora, Path(m.path) if own else Path(run_dir) / "base_model")
     if m.gradient_checkpointing:
         enable_checkpointing(policy.model)
     print(f"[tether] precision: {'bf16 autocast' if policy.autocast_bf16 else 'fp32'} ("

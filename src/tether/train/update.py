@@ -11,6 +11,7 @@ non-finite weight is undone; both are counted;
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,10 +37,13 @@ from tether.algos.config import AlgoConfig
 from tether.policy.config import SamplingConfig
 from tether.train.config import TrainConfig
 from tether.optim import compute_all_finite
+from tether.health.faults import NO_FAULTS
 from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.lora import adapters_disabled
 from tether.policy.prefix import compute_sequence_logprobs
+from tether.train.probes import (NormCheck, choose_probe_rows, compute_logp_progress, compute_step_stats, fill_probe_rows,
+                                 probe_size)
 from tether.types import TrainBatch
 
 
@@ -108,7 +112,44 @@ def compute_microbatch_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The scalar loss of one micro-batch (already divided by the mini-batch's global norm).
     `inert` ([B] bool, `inert_mask`): rows run without gradients (the loss's gradient is the same)."""
-    logp, ent = _score(policy, mb, temperature, pack, share, inert)
+    terms, metrics = compute_loss_terms(policy, mb, norm, algo, temperature,
+                                        LossInputs(old_logp_BT, ref_logp_BT, critic, pack, share, inert))
+    return compose_loss(terms, algo, kl_coef), metrics
+
+
+def compose_loss(terms: dict[str, torch.Tensor], algo: AlgoConfig, kl_coef: float) -> torch.Tensor:
+    """pg - entropy_coef x entropy + kl_coef x kl + value_coef x value (terms already aggregated)."""
+    loss = terms["pg"] - algo.entropy_coef * terms["entropy"]
+    if "kl" in terms:
+        loss = loss + kl_coef * terms["kl"]
+    if "value" in terms:
+        loss = loss + algo.value.coef * terms["value"]
+    return loss
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What one micro-batch's loss reads besides the batch itself: pi_old's and the reference's
+    log-probs ([B, T] or None), the critic, the scoring options of `compute_batch_logprobs` and the
+    `inert` rows ([B] bool, `inert_mask`: run without gradients)."""
+
+    old_logp_BT: torch.Tensor | None
+    ref_logp_BT: torch.Tensor | None
+    critic: ValueModel | None = None
+    pack: bool = False
+    share: str = "off"
+    inert: torch.Tensor | None = None
+    logp_sink: list | None = None  # receives the forward's log-probs (detached): the probe's "before" in fused mode
+
+
+def compute_loss_terms(policy: HFPolicy, mb: TrainBatch, norm: AggNorm, algo: AlgoConfig, temperature: float,
+                       inp: LossInputs) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The aggregated loss terms of one micro-batch (`pg`, `entropy`, and `kl`, `value` when
+    present) and its metrics; `compose_loss` adds them up (a fault seam sits in between)."""
+    old_logp_BT, ref_logp_BT, critic = inp.old_logp_BT, inp.ref_logp_BT, inp.critic
+    logp, ent = _score(policy, mb, temperature, inp.pack, inp.share, inp.inert)
+    if inp.logp_sink is not None:
+        inp.logp_sink.append(logp.detach())
     mask = mb.loss_mask_BT.to(logp.device)
     # Fused mode: with one pass and one mini-batch, pi_old is exactly the policy of this forward.
     old = logp.detach() if old_logp_BT is None else old_logp_BT.to(logp.device)
@@ -128,21 +169,19 @@ def compute_microbatch_loss(
     pg = agg_loss(pg_BT * is_w, mask, mode, norm)
     # no entropy bonus: the entropy is a metric only, and its backward (a softmax over the vocabulary) is skipped
     entropy = agg_loss(ent if algo.entropy_coef else ent.detach(), mask, mode, norm)
-    loss = pg - algo.entropy_coef * entropy
+    terms = {"pg": pg, "entropy": entropy}
     metrics["pg_loss"], metrics["entropy"] = pg.detach(), entropy.detach()
     if ref_logp_BT is not None and algo.kl.placement == "loss":
         kl_BT = KL_ESTIMATORS[algo.kl.estimator](KLInputs(logp, ref_logp_BT.to(logp.device), old, mask), algo.kl)
-        kl = agg_loss(kl_BT, mask, mode, norm)
-        loss = loss + kl_coef * kl
-        metrics["kl_loss"] = kl.detach()
+        terms["kl"] = agg_loss(kl_BT, mask, mode, norm)
+        metrics["kl_loss"] = terms["kl"].detach()
     if critic is not None and mb.returns_BT is not None:
         values = critic(mb.input_ids_BT.to(logp.device), mb.attention_mask_BT.to(logp.device))
         old_v = mb.old_values_BT if mb.old_values_BT is not None else values.detach()
         v_BT = compute_value_loss(values, old_v.to(logp.device), mb.returns_BT.to(logp.device), mask, algo.value.clip)
-        vloss = agg_loss(v_BT, mask, mode, norm)
-        loss = loss + algo.value.coef * vloss
-        metrics["value_loss"] = vloss.detach()
-    return loss, metrics
+        terms["value"] = agg_loss(v_BT, mask, mode, norm)
+        metrics["value_loss"] = terms["value"].detach()
+    return terms, metrics
 
 
 def can_skip_inert(ctx: "UpdateContext", kl_in_loss: bool) -> bool:
@@ -216,7 +255,9 @@ class UpdateContext:
 
     `dp` (tether.dist.trainer.DataParallel): data-parallel ranks receive the batch from rank 0, run
     disjoint micro-batches and sum gradients — exact, because losses use global denominators.
-    `max_len`: the constant of constant_norm aggregation (Dr. GRPO)."""
+    `max_len`: the constant of constant_norm aggregation (Dr. GRPO). `faults`: the fault seams of
+    `tether.health.faults` (None: none). `probes`: run the health layer's self-checks
+    (`tether.train.probes`; off with `health.mode=off` and under data parallelism)."""
 
     policy: HFPolicy
     optimizer: torch.optim.Optimizer
@@ -230,94 +271,187 @@ class UpdateContext:
     generator: torch.Generator | None = None
     max_len: int | None = None
     dp: Any = None
+    faults: Any = None
+    probes: bool = False
 
     @classmethod
     def from_run(cls, st: Any, algo: AlgoConfig, train: TrainConfig, sampling: SamplingConfig,
                  dp: Any = None) -> "UpdateContext":
-        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator; an
-        RLState) and the config sections in force."""
+        """From a recipe's state (policy, optimizer, scheduler, update, ref, critic, generator, fault
+        seams, health monitor; an RLState) and the config sections in force. The probes run when the
+        run's health monitor is on (`health.mode` advise or auto) and no data-parallel group shards the update."""
         policy = getattr(dp, "train_policy", None) or st.policy  # FSDP2 rank 0: the sharded twin (tether.dist.fsdp)
-        return cls(policy, st.optimizer, algo, train, sampling.temperature, st.update, st.scheduler, st.ref,
-                   st.critic, st.generator, algo.agg.max_len or sampling.max_new_tokens, dp)
+        faults = getattr(st, "faults", None) or NO_FAULTS
+        probes = getattr(getattr(st, "health", None), "mode", "off") != "off" and dp is None
+        return cls(policy, st.optimizer, algo, train, sampling.temperature, st.update, st.scheduler,
+                   faults.on_reference(st.ref), st.critic, st.generator, algo.agg.max_len or sampling.max_new_tokens, dp,
+                   faults, probes)
+
+
+@dataclass
+class _Pass:
+    """What one update pass shares across its mini-batches (built by `run_update`)."""
+
+    old_all: torch.Tensor | None
+    ref_all: torch.Tensor | None
+    skip: bool
+    acc: _Acc
+    norms: NormCheck | None
+    stats: dict[str, list[float]] | None
+    first: bool = True  # the next mini-batch is the update's first: no optimizer step yet
+    pre_kl: float = float("nan")  # approx_kl of the first mini-batch (`update/kl_pre`)
+    probe: tuple[torch.Tensor, torch.Tensor] | None = None  # fused: (probe rows, their log-probs, filled by the forward)
 
 
 def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]:
     """M epochs over `batch`, `algo.mini_batches` optimizer steps per epoch. Returns metrics.
     (`batch` is None on data-parallel ranks > 0: rank 0 sends it.)"""
-    policy, optimizer, scheduler, algo, train = ctx.policy, ctx.optimizer, ctx.scheduler, ctx.algo, ctx.train
-    temperature, state, ref_policy, critic = ctx.temperature, ctx.state, ctx.ref_policy, ctx.critic
-    generator, max_len, dp = ctx.generator, ctx.max_len, ctx.dp
+    policy, optimizer, algo, train, dp = ctx.policy, ctx.optimizer, ctx.algo, ctx.train, ctx.dp
+    faults = ctx.faults or NO_FAULTS
     if dp is not None:
-        batch = dp.begin(batch, generator, state)
-    fused = algo.epochs == 1 and algo.mini_batches == 1
+        batch = dp.begin(batch, ctx.generator, ctx.state)
+    # a fault on pi_old needs pi_old scored: with one pass and one mini-batch it is the training forward itself
+    fused = algo.epochs == 1 and algo.mini_batches == 1 and not faults.wants("on_old_logp")
     pack, share = train.pack_sequences, train.share_prefix
-    old_all = None if fused else compute_batch_logprobs(policy, batch, temperature, train.micro_batch_tokens, pack, share)
-    ref_all = None
-    if ref_policy is not None and state.kl_coef > 0 and algo.kl.placement == "loss":
-        ref_all = compute_batch_logprobs(ref_policy, batch, temperature, train.micro_batch_tokens, pack, share)
-    skip = can_skip_inert(ctx, ref_all is not None)
-    acc = _Acc()
+    old_all = None if fused else faults.on_old_logp(compute_batch_logprobs(policy, batch, ctx.temperature,
+                                                                          train.micro_batch_tokens, pack, share), batch)
+    with_ref = ctx.ref_policy is not None and ctx.state.kl_coef > 0 and algo.kl.placement == "loss"
+    ref_all = compute_batch_logprobs(ctx.ref_policy, batch, ctx.temperature, train.micro_batch_tokens, pack,
+                                     share) if with_ref else None
+    t_probe = time.perf_counter()
+    probe = _probe_before(ctx, batch, old_all) if ctx.probes else None
+    t_probe = time.perf_counter() - t_probe
+    ps = _Pass(old_all, ref_all, can_skip_inert(ctx, ref_all is not None), _Acc(),
+               NormCheck(algo.agg.mode, ctx.max_len) if ctx.probes else None, {} if ctx.probes else None,
+               probe=probe if probe is not None and old_all is None else None)
     positions0 = policy.trained_positions
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norms: list[float] = []
     for _ in range(algo.epochs):
-        perm = torch.randperm(batch.num_seqs, generator=generator)
+        perm = torch.randperm(batch.num_seqs, generator=ctx.generator)
         for mini_idx in perm.chunk(algo.mini_batches):
-            mini = batch.select(mini_idx)
-            norm = compute_agg_norm(mini.loss_mask_BT, max_len)
-            optimizer.zero_grad(set_to_none=True)
-            lengths = mini.attention_mask_BT.sum(-1).tolist()
-            micro = split_by_token_budget(lengths, train.micro_batch_tokens)
-            # a mini-batch without any gradient still takes its optimizer step (Adam's moments move): run it whole
-            skip_here = skip and not bool(inert_mask(mini).all())
-            finite = True  # a non-finite loss skips the step also when its non-finite rows had no backward
-            for idx in micro if dp is None else dp.shard(micro, lengths):
-                rows = torch.tensor(idx)
-                mb = _trim(mini.select(rows))
-                T = mb.input_ids_BT.shape[1]
-                old = None if old_all is None else old_all[mini_idx[rows], :T]
-                ref = None if ref_all is None else ref_all[mini_idx[rows], :T]
-                inert = inert_mask(mb) if skip_here else None
-                loss, m = compute_microbatch_loss(policy, mb, norm, algo, temperature, state.kl_coef, old, ref, critic, pack,
-                                                  share, inert)
-                if loss.requires_grad:  # not when every row of this micro-batch was inert
-                    loss.backward()
-                if skip:
-                    lm = mb.loss_mask_BT  # the share of loss tokens that ran forward only
-                    m["no_grad_token_frac"] = 0.0 if inert is None else float((lm * inert[:, None]).sum()
-                                                                              / lm.sum().clamp(min=1))
-                    finite = finite and bool(torch.isfinite(loss.detach()))
-                acc.add(m, float(mb.loss_mask_BT.sum()))
-            acc.end_minibatch()
-            if not finite:  # what the skipped rows' backward would have done: every data-parallel rank skips the step
-                params[0].grad = torch.full_like(params[0], float("nan"))
-            if dp is not None:
-                dp.reduce_grads(params)
-            grad_norms.append(_step(optimizer, scheduler, params, train, state))
+            _run_minibatch(ctx, batch, mini_idx, ps, params)
+            faults.before_optimizer_step(optimizer, ctx.scheduler, params)
+            grad_norms.append(_step(optimizer, ctx.scheduler, params, train, ctx.state, ps.stats))
+            ps.first = False
     if dp is not None:
-        dp.reduce_metrics(acc)
+        dp.reduce_metrics(ps.acc)
         dp.end()
-    out = acc.result()
+    out = ps.acc.result()
     finite = [g for g in grad_norms if g == g]  # NaN marks a skipped step
     out["grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
     out["grad_norm_max"] = max(finite) if finite else float("nan")
-    out["nonfinite_steps"] = float(state.nonfinite_steps)
+    out["nonfinite_steps"] = float(ctx.state.nonfinite_steps)
     out["lr"] = float(optimizer.param_groups[0]["lr"])
     out["optimizer_steps"] = float(len(grad_norms))
     out["positions"] = float(policy.trained_positions - positions0)
+    if ctx.probes:
+        t0 = time.perf_counter()
+        out.update(_probe_results(ctx, batch, probe, ps, fused))
+        out["time/probes"] = t_probe + time.perf_counter() - t0 + out.pop("time", 0.0)  # the health layer's cost in the update
     return out
 
 
-def do_checked_step(optimizer, params) -> bool:
+def _run_minibatch(ctx: UpdateContext, batch: TrainBatch, mini_idx: torch.Tensor, ps: _Pass, params: list) -> None:
+    """Forward and backward of one mini-batch, micro-batch by micro-batch (gradients accumulated)."""
+    algo, train, dp, state = ctx.algo, ctx.train, ctx.dp, ctx.state
+    faults = ctx.faults or NO_FAULTS
+    mini = batch.select(mini_idx)
+    norm = faults.on_norm(compute_agg_norm(mini.loss_mask_BT, ctx.max_len), mini)  # seam: the loss's normaliser
+    ctx.optimizer.zero_grad(set_to_none=True)
+    lengths = mini.attention_mask_BT.sum(-1).tolist()
+    micro = split_by_token_budget(lengths, train.micro_batch_tokens)
+    # a mini-batch without any gradient still takes its optimizer step (Adam's moments move): run it whole
+    skip_here = ps.skip and not bool(inert_mask(mini).all())
+    finite = True  # a non-finite loss skips the step also when its non-finite rows had no backward
+    kl_sum = kl_w = 0.0
+    for idx in micro if dp is None else dp.shard(micro, lengths):
+        rows = torch.tensor(idx)
+        mb = _trim(mini.select(rows))
+        T = mb.input_ids_BT.shape[1]
+        old = None if ps.old_all is None else ps.old_all[mini_idx[rows], :T]
+        ref = None if ps.ref_all is None else ps.ref_all[mini_idx[rows], :T]
+        inert = inert_mask(mb) if skip_here else None
+        sink = [] if ps.probe is not None and ps.first else None
+        terms, m = compute_loss_terms(ctx.policy, mb, norm, algo, ctx.temperature,
+                                      LossInputs(old, ref, ctx.critic, train.pack_sequences, train.share_prefix, inert, sink))
+        if sink:
+            fill_probe_rows(*ps.probe, mini_idx[rows], sink[0])
+        terms = faults.on_loss(terms, mb)  # seam: the micro-batch's loss terms
+        if ctx.probes and ref is not None and state.kl_coef > 0:
+            m["update/kl_live"] = float("kl" in terms and terms["kl"].requires_grad)
+        loss = compose_loss(terms, algo, state.kl_coef)
+        if loss.requires_grad:  # not when every row of this micro-batch was inert
+            loss.backward()
+        if ps.skip:
+            lm = mb.loss_mask_BT  # the share of loss tokens that ran forward only
+            m["no_grad_token_frac"] = 0.0 if inert is None else float((lm * inert[:, None]).sum() / lm.sum().clamp(min=1))
+            finite = finite and bool(torch.isfinite(loss.detach()))
+        ps.acc.add(m, float(mb.loss_mask_BT.sum()))
+        if ps.first and "approx_kl" in m:
+            kl_sum, kl_w = kl_sum + float(m["approx_kl"]) * float(mb.loss_mask_BT.sum()), kl_w + float(mb.loss_mask_BT.sum())
+        if ps.norms is not None:
+            ps.norms.add(mb.loss_mask_BT, norm)
+    ps.acc.end_minibatch()
+    if ps.first and kl_w > 0:
+        ps.pre_kl = kl_sum / kl_w
+    if ps.norms is not None and dp is None:
+        ps.norms.end(mini.loss_mask_BT)
+    if not finite:  # what the skipped rows' backward would have done: every data-parallel rank skips the step
+        params[0].grad = torch.full_like(params[0], float("nan"))
+    if dp is not None:
+        dp.reduce_grads(params)
+
+
+def _probe_before(ctx: UpdateContext, batch: TrainBatch, old_all: torch.Tensor | None):
+    """(probe rows, their log-probs before the update) for `update/logp_gain`, or None."""
+    rows = choose_probe_rows(batch.advantages_BT, batch.loss_mask_BT, probe_size(batch.num_seqs))
+    if rows is None:
+        return None
+    if old_all is not None:
+        return rows, old_all[rows]
+    # fused (one pass, one mini-batch): the training forward scores every row before the only optimizer
+    # step - `_run_minibatch` fills these from it instead of a second forward (half the probe's cost)
+    return rows, torch.zeros_like(batch.rollout_logp_BT[rows])
+
+
+def _probe_results(ctx: UpdateContext, batch: TrainBatch, probe, ps: _Pass, fused: bool) -> dict[str, float]:
+    """The probes' metrics (tether.train.probes) once the update is done."""
+    out: dict[str, float] = {}
+    if probe is not None:
+        rows, before = probe
+        sub, t = batch.select(rows), ctx.train
+        after = compute_batch_logprobs(ctx.policy, sub, ctx.temperature, t.micro_batch_tokens, t.pack_sequences,
+                                       t.share_prefix)
+        out.update(compute_logp_progress(before, after, sub.advantages_BT, sub.loss_mask_BT))
+    for key, xs in (ps.stats or {}).items():
+        out[key] = max(xs) if key == "update/frozen_frac" else sum(xs) if key == "time" else sum(xs) / len(xs)
+    if ps.norms is not None:
+        out.update(ps.norms.result())
+    out["update/kl_pre"] = float("nan") if fused else ps.pre_kl
+    return out
+
+
+def do_checked_step(optimizer, params, stats: dict[str, list[float]] | None = None) -> bool:
     """`optimizer.step()`, undone when it leaves a non-finite parameter (pitfall 5: a finite gradient
     times a huge LR, an overflowing low-precision update). Keeps one copy of the parameters and their
-    optimizer state for the undo. Returns False when the step was undone."""
+    optimizer state for the undo. Returns False when the step was undone. `stats`: collects the
+    step's `tether.train.probes.compute_step_stats` over the first param group (the policy's)."""
     with torch.no_grad():
         weights = [p.detach().clone() for p in params]
         state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
                  for p in params if p in optimizer.state}
+        lr = float(optimizer.param_groups[0]["lr"])  # before the step: what the step was asked to do
+        own = {id(p) for p in optimizer.param_groups[0]["params"]} if stats is not None else set()
+        pairs = [(p, w, p.grad) for p, w in zip(params, weights) if id(p) in own]
         optimizer.step()
         if compute_all_finite(params):
+            if pairs:
+                t0 = time.perf_counter()
+                ps, ws, gs = map(list, zip(*pairs))
+                for k, v in compute_step_stats(ps, ws, lr, gs).items():
+                    stats.setdefault(k, []).append(v)
+                stats.setdefault("time", []).append(time.perf_counter() - t0)
             return True
         torch._foreach_copy_([p.data for p in params], weights)
         for p in params:
@@ -341,18 +475,20 @@ def _count_bad_step(optimizer, state: UpdateState, max_bad_steps: int, what: str
     return float("nan")
 
 
-def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState) -> float:
+def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_bad_steps: int, state: UpdateState,
+                    stats: dict[str, list[float]] | None = None) -> float:
     """Clip, check finiteness, step, check the weights; returns the gradient norm (NaN: skipped).
 
     A non-finite gradient skips the step, a step that makes a weight non-finite is undone; both are
-    counted (`state.nonfinite_steps`) and `max_bad_steps` in a row raise `TrainingHalted`."""
+    counted (`state.nonfinite_steps`) and `max_bad_steps` in a row raise `TrainingHalted`. `stats`:
+    see `do_checked_step`."""
     total = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
     if hasattr(total, "full_tensor"):  # FSDP2 shards (tether.dist.fsdp): the norm over every rank
         total = total.full_tensor()
     total_f = float(total)
     if not torch.isfinite(total):
         return _count_bad_step(optimizer, state, max_bad_steps, "a non-finite loss or gradient")
-    if not do_checked_step(optimizer, params):
+    if not do_checked_step(optimizer, params, stats):
         return _count_bad_step(optimizer, state, max_bad_steps, "an update that made the weights non-finite (undone)")
     state.bad_steps_in_a_row = 0
     if scheduler is not None:
@@ -360,5 +496,5 @@ def do_guarded_step(optimizer, scheduler, params, grad_clip: float | None, max_b
     return total_f
 
 
-def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState) -> float:
-    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state)
+def _step(optimizer, scheduler, params, train: TrainConfig, state: UpdateState, stats=None) -> float:
+    return do_guarded_step(optimizer, scheduler, params, train.grad_clip, train.max_bad_steps, state, stats)

@@ -85,12 +85,6 @@ def test_merge_inputs(bad_input, tmp_path, models, merge, field, fragment):
     _pipeline(bad_input, tmp_path, [SFT, _stage("merge", "m", merge=merge)], field, fragment)
 
 
-def test_merge_of_a_lora_stage(bad_input, tmp_path):
-    lora = _stage("sft", "lora_sft", model={"lora": {"r": 4}})
-    _pipeline(bad_input, tmp_path, [SFT, lora, _stage("merge", "m", merge={"models": ["sft", "lora_sft"]})],
-              "merge.models=lora_sft", "trains LoRA adapters")
-
-
 def test_task_arithmetic_first_without_a_model(bad_input, tmp_path, models):
     _pipeline(bad_input, tmp_path, [_stage("merge", "m", merge={"method": "task_arithmetic", "models": [models.chat]})],
               "merge.base=previous", "has no incoming model")

@@ -98,3 +98,23 @@ def test_nonfinite_steps_are_skipped_then_halt(base_policy):
     with pytest.raises(TrainingHalted, match="non-finite"):
         run_update(UpdateContext(pol, opt, AlgoConfig(), train, state=state), bad)
     run_update(UpdateContext(pol, opt, AlgoConfig(), train), batch)  # a good batch still trains
+
+
+@pytest.mark.parametrize("budget", [1000, 20])  # one micro-batch, or several: the probe rows are spread over them
+def test_fused_probe_takes_its_before_from_the_training_forward(base_policy, budget):
+    """One pass, one mini-batch: `update/logp_gain` reads the probe rows' log-probs before the update
+    from the training forward (no second forward); it equals the gain two scoring passes give."""
+    from tether.train.probes import choose_probe_rows, compute_logp_progress, probe_size
+    from tether.train.update import compute_batch_logprobs
+
+    batch = make_batch(len(base_policy.tokenizer), seed=3)
+    pol = copy.deepcopy(base_policy)
+    rows = choose_probe_rows(batch.advantages_BT, batch.loss_mask_BT, probe_size(batch.num_seqs))
+    before = compute_batch_logprobs(pol, batch.select(rows), 1.0, budget)
+    algo, train = AlgoConfig(), TrainConfig(micro_batch_tokens=budget, lr=1e-2, grad_clip=None)
+    m = run_update(UpdateContext(pol, torch.optim.SGD(pol.model.parameters(), lr=1e-2), algo, train, max_len=12,
+                                 probes=True), batch)
+    after = compute_batch_logprobs(pol, batch.select(rows), 1.0, budget)
+    want = compute_logp_progress(before, after, batch.select(rows).advantages_BT, batch.select(rows).loss_mask_BT)
+    assert m["update/logp_gain"] == pytest.approx(want["update/logp_gain"], abs=1e-5)
+    assert m["update/logp_change"] == pytest.approx(want["update/logp_change"], abs=1e-5)

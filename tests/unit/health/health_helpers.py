@@ -30,6 +30,12 @@ HEALTHY = {  # signal: (mean, noise std) of a healthy step
     "health/reward_correct_mean": (1.0, 0.0), "health/distinct_frac": (0.5, 0.03), "health/group_mixed_frac": (0.0, 0.0),
     "health/prompt_len_mean": (5.0, 0.1), "health/task_repeat_frac": (0.2, 0.05), "health/all_wrong_groups": (0.3, 0.05),
     "reward/exact_match/mean": (0.35, 0.05), "nonfinite_steps": (0.0, 0.0),
+    # the update's probes and the invariant signals (what a healthy faultbench run logs)
+    "update/step_ratio": (0.26, 0.02), "update/logp_change": (0.15, 0.03), "update/logp_gain": (0.08, 0.04),
+    "update/frozen_frac": (0.0, 0.0), "update/norm_ratio": (1.0, 0.0), "update/kl_pre": (0.0, 0.0),
+    "health/param_norm": (32.8, 0.002), "health/dup_groups_unlikely": (0.0, 0.0), "health/dup_groups_expected": (0.02, 0.0),
+    "health/answer_in_prompt": (0.28, 0.06), "health/answer_in_prompt_chance": (0.12, 0.03),
+    "health/buffers_mismatch": (0.0, 0.0), "health/weights_mismatch": (0.0, 0.0),
 }
 
 

@@ -44,10 +44,13 @@ CASES = {
 
 SANITY = {"logp_floor", "update_size", "advantage_invariants", "group_structure", "reward_linkage", "accuracy_drop",
           "loss_mask"}  # absolute checks: from step 1, tested in test_sanity.py
+PROGRESS = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates",
+            "answer_leak"}  # progress and invariant checks: tested in test_progress.py
 
 
 def test_every_detector_has_a_case_and_a_docstring():
-    assert set(CASES) | SANITY == set(DETECTORS) and not set(CASES) & SANITY
+    assert set(CASES) | SANITY | PROGRESS == set(DETECTORS)
+    assert not set(CASES) & SANITY and not (set(CASES) | SANITY) & PROGRESS
     for cls in DETECTORS.values():
         assert cls.__doc__ and cls.mode
 
@@ -251,3 +254,12 @@ def test_a_sustained_kl_rise_does_not_argue_against_an_entropy_bonus():
     spike = Finding("kl_explosion", "kl_explosion", "critical", 26, 24, "KL spike", {"rule": "spike"})
     assert diagnose([ent, steady])[0].cause == "entropy_explosion"
     assert diagnose([ent, spike])[0].cause == "lr_too_high"
+
+
+def test_a_fifth_of_the_correct_samples_unpaid_by_a_verifier():
+    """A verifier pays every correct sample exactly 1 (no spread): a fifth of them going unpaid is a
+    finding (a relative floor of 5% x 1 on the spread would have hidden it), and full pay stays quiet."""
+    pay = lambda v: {"c": _set("health/reward_correct_mean", lambda r, s: 1.0 if s < 15 else v)}  # noqa: E731
+    found = replay(series(30, 3, pay(0.8)), detector="reward_noise")
+    assert found and 15 <= found[0].step <= 17 and found[0].evidence["rule"] == "correct_unpaid"
+    assert replay(series(30, 3, pay(1.0)), detector="reward_noise") == []

@@ -127,3 +127,42 @@ def test_repairs_are_scored_against_a_healthy_run_in_the_faults_own_base_config(
     both = compute_results(records + [rec(own[0], 0.3)], registry, 13)  # 0.12 of the 0.2 damage recovered
     assert both["remediation_success"] == 1.0 and both["per_fault"][0]["healthy_acc"] == 0.3
     assert both["remediation_success_plain_ref"] == 0.0
+
+
+def test_scores_are_reported_per_half_and_outside_faults_are_right_when_unexplained():
+    """mask_shift (tuned, in the taxonomy), loss_sign_flip (tuned, outside it) and ref_is_policy
+    (held out): each half gets its own recall, diagnosis and unexplained rate; a fault outside the
+    taxonomy scores top-1 only when the answer is `unexplained`, one inside it never does."""
+    from tether.recipes.faultbench import compute_results
+
+    def rec(fault, sev, seed, dx, conf=0.9, alarm=14):
+        return {"id": Case(fault, sev, seed, "advise").id,
+                "case": {"fault": fault, "severity": sev, "seed": seed, "mode": "advise", "variant": ""},
+                "final_train_acc": 0.4, "first_alarm_step": alarm, "diagnosis": dx, "diagnosis_family": ["x"] * len(dx),
+                "diagnosis_detail": [{"cause": d, "confidence": conf} for d in dx], "actions": [], "halted": None}
+
+    records = [rec("mask_shift", "obvious", 0, ["loss_mask_bug"]), rec("mask_shift", "subtle", 0, ["unexplained", "loss_mask_bug"]),
+               rec("loss_sign_flip", "obvious", 0, ["unexplained", "advantage_bug"]),
+               rec("loss_sign_flip", "subtle", 0, ["advantage_bug"], conf=0.7),
+               rec("ref_is_policy", "obvious", 0, ["kl_inactive"]), rec("ref_is_policy", "subtle", 0, [], alarm=None)]
+    registry = {f: get_fault_class(f) for f in ("mask_shift", "loss_sign_flip", "ref_is_policy")}
+    res = compute_results(records, registry, 13)
+    t, h = res["tuned"], res["held_out"]
+    assert t["runs"] == 4 and t["diagnosis_top1"] == 0.5  # mask_shift obvious and loss_sign_flip obvious right
+    assert t["diagnosis_top1_in_taxonomy"] == 0.5 and t["abstain_rate_in_taxonomy"] == 0.5
+    assert t["unexplained_rate_outside"] == 0.5 and t["outside_detected"] == 2
+    assert h["runs"] == 2 and h["recall_subtle"] == 0.0 and h["recall_obvious"] == 1.0 and h["diagnosis_top1"] == 1.0
+    # calibration over named answers: 0.9 (right: mask_shift, ref_is_policy), 0.7 (wrong: loss_sign_flip subtle)
+    assert res["calibration"]["runs"] == 3
+
+
+def test_reliability_table_and_expected_calibration_error_by_hand():
+    from tether.recipes.faultbench_score import compute_reliability
+
+    pts = [(0.9, True), (0.9, True), (0.9, False), (0.3, False)]
+    rel = compute_reliability(pts)
+    top = next(r for r in rel["table"] if r["bin"] == "0.8-1.0")
+    assert top == {"bin": "0.8-1.0", "runs": 3, "confidence": 0.9, "right": round(2 / 3, 4)}
+    # ECE = 3/4 x |2/3 - 0.9| + 1/4 x |0 - 0.3| = 0.175 + 0.075
+    assert rel["ece"] == pytest.approx(0.75 * abs(2 / 3 - 0.9) + 0.25 * 0.3)
+    assert compute_reliability([(1.0, True)])["ece"] == 0.0  # 1.0 falls in the last bin

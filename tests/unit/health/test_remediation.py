@@ -404,3 +404,24 @@ def test_a_kept_repair_back_in_the_healthy_band_is_not_cut_again():
     assert residual(h, trial) is None  # steps 15-19 (the first trial step is left out): median 0.016, 1.6x
     assert residual(h, {"start": 13, "evidence": {"kl_base": 0.005}}) == pytest.approx(3.2)
     assert residual(h, {"start": 13, "evidence": {}}) is None  # no pre-fault baseline: nothing to compare
+
+
+def test_an_unexplained_anomaly_is_held_not_repaired_and_halts_once_it_costs_accuracy():
+    """The parameters' norm drifts one way, fast (a negative weight decay): no cause in the taxonomy
+    has it as a hallmark, so the answer is an unexplained anomaly and auto mode tries no repair on a
+    guess - it keeps training while accuracy holds (the drift is no damage signal) and halts at the
+    last healthy weights once accuracy regresses."""
+    st, cfg = _live(_cfg())
+    mon = HealthMonitor(cfg)
+
+    def edit(row, step):
+        row["health/param_norm"] = 30.0 * (1.0002 ** min(step, 14)) * (1.01 ** max(0, step - 14))
+        if step >= 26:
+            row["accuracy"] = row["reward/mean"] = 0.05
+
+    step = _drive(mon, st, cfg, 40, edit, direct=True)
+    assert mon.decisions and mon.decisions[0]["cause"] == "unexplained" and mon.decisions[0]["step"] < 26
+    assert mon.actions == []  # no repair tried
+    assert step is not None and 26 < step < 31 and "regressed" in mon.halted
+    snap = max((s for s in mon.snapshots if s.step < 14), key=lambda s: s.step)
+    assert torch.equal(st.policy.model.weight.detach(), snap.model["weight"])

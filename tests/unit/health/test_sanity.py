@@ -184,7 +184,7 @@ def test_weight_checksum_mismatch_is_stale_weights_not_sampler_mismatch():
     assert diagnose([gap])[0].cause == "rollout_mismatch"
 
 
-def test_unknown_cause_when_two_fingerprints_tie():
+def test_unexplained_when_no_cause_explains_most_of_the_evidence():
     from tether.health.detectors import Finding
 
     a = Finding("stall", "stall", "critical", 5, 5, "slow")
@@ -192,9 +192,9 @@ def test_unknown_cause_when_two_fingerprints_tie():
     c = Finding("data_shift", "data", "critical", 5, 5, "repeats", {"rule": "repeat"})
     d = Finding("truncation", "truncation", "critical", 5, 5, "cut")
     hyps = diagnose([a, b, c, d])
-    assert hyps[0].cause == "unknown" and hyps[0].actions == ("halt",)
+    assert hyps[0].cause == "unexplained" and hyps[0].actions == ("halt",)
     assert {e["detector"] for e in hyps[0].evidence} == {"stall", "error_surge", "data_shift", "truncation"}
-    assert hyps[1].cause != "unknown"
+    assert hyps[1].cause != "unexplained" and hyps[1].fit < 0.6  # the nearest explains half at most
     assert diagnose([b])[0].cause == "reward_failures"  # one clear fingerprint: named
 
 

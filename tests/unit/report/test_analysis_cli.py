@@ -46,7 +46,7 @@ def test_plan_invalid_use(tmp_path):
     assert runner.invoke(app, ["plan", "x", "--pilot", str(pilot), "--budget", "10", "--unit", "flops"]).exit_code == 2
     assert runner.invoke(app, ["plan", "x", "--pilot", str(pilot), "--budget", "0"]).exit_code == 2
     r = runner.invoke(app, ["plan", str(tmp_path / "nope"), "--budget", "100"])
-    assert r.exit_code == 1 and "tether: error" in r.output
+    assert r.exit_code == 2 and "tether: error" in r.output  # a missing path is bad input
 
 
 def test_report_and_compare_and_fit(tmp_path):

@@ -212,7 +212,7 @@ def test_reward_model_trains_and_scores(tmp_path):
         components=[{"name": "exact_match"}, {"name": "reward_model", "kwargs": {"path": str(rm_dir), "normalize": "sigmoid"}}]))
     assert results[0].components["reward_model"] > results[1].components["reward_model"]
     assert 0 < results[1].components["reward_model"] < 1
-    from tether.io.resume import RunDirError
+    from tether.runs.resume import RunDirError
 
     with pytest.raises(RunDirError, match="already holds a run"):  # a finished RM run is never overwritten
         run_rm(cfg, tmp_path / "rm")

@@ -1,15 +1,27 @@
 """Fault injection for `tether faultbench`: plugins that corrupt one seam of the RL loop.
 
 A fault is a class with a name, a family, the root cause it stands for (what a correct diagnosis
-names), two severities (`subtle`, `obvious`) and the seam(s) it acts on. The recipe calls three
-seams through one object, `st.faults`, which is `NO_FAULTS` (every seam returns its input) unless
-`health.inject` names faults, so the no-fault path costs one method call per seam:
+names; `UNEXPLAINED` for a fault outside the diagnosis taxonomy), two severities (`subtle`,
+`obvious`) and the seam(s) it acts on. The loop calls the seams through one object, `st.faults`,
+which is `NO_FAULTS` (every seam returns its input) unless `health.inject` names faults, so the
+no-fault path costs one method call per seam:
 
     st.faults.begin_step()                         # config faults: run-settings changes, first in a step
     problems, sampling = st.faults.begin_rollout(problems, sampling)   # data, sampler, weight sync
     groups = st.faults.end_rollout(groups)         # rewards, rollout log-probs, grouping
     adv = st.faults.on_advantages(adv, group_B)    # credit assignment (AdvantageOutputs)
     batch = st.faults.on_batch(batch)              # loss inputs: loss mask, advantages, rollout log-probs
+    ref = st.faults.on_reference(st.ref)           # the reference model (KL) the update uses
+  and inside the update (tether.train.update.run_update):
+    old = faults.on_old_logp(old_BT, batch)        # pi_old (scored, also in fused mode, when a fault wants it)
+    norm = faults.on_norm(norm, mini)              # the mini-batch's loss normaliser (AggNorm)
+    terms = faults.on_loss(terms, mb)              # a micro-batch's aggregated loss terms (pg, entropy, kl, value)
+    faults.before_optimizer_step(opt, sched, params)   # gradients, optimizer and scheduler state
+
+The health checks read the batch after every fault seam (the advantage checks included), so a
+fault is measured where it acts. Module forward hooks (`install`) run on every path: the fast
+training and decoding paths (tether.policy.lean_train, tether.policy.decode) step aside for a
+model that carries them.
 
 `begin_rollout` may swap the engine the rollout runs on (`st.policy`; the sampling settings it
 returns); `end_rollout` swaps the policy back, so the trainer never sees the swap. A fault
@@ -25,7 +37,12 @@ overrides the hooks of its seam (the step being computed is passed as `step`, 1-
     on_advantages(adv_BT, group_B, step)   credit assignment
     on_batch(batch, step)                  the loss's inputs (TrainBatch: loss_mask_BT, advantages_BT,
                                            rollout_logp_BT, ...): loss-mask and loss-term bugs
-    install(st, cfg, step_fn)              loss / optimizer: torch hooks (grad hooks, step hooks)
+    on_reference(ref, policy, step)        the reference policy of the KL term (ref may be None)
+    on_old_logp(old_BT, batch, step)       pi_old's log-probs [B, T] of the whole batch
+    on_norm(norm, mini, step)              the mini-batch's AggNorm (tether.algos.aggregate)
+    on_loss(terms, mb, step)               dict of the micro-batch's aggregated terms: pg, entropy, kl, value
+    before_optimizer_step(opt, sched, params, step)   after the backward, before each optimizer step
+    install(st, cfg, step_fn)              torch hooks (grad, optimizer step, module forward hooks)
 
 Every fault also gets `self.view` (a `FaultView`): read-only views of the policy (`view.policy`:
 attributes readable, none assignable) and of the training problems (`view.dataset`: a tuple of
@@ -64,6 +81,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 FAMILIES = ("reward", "optimisation", "credit_assignment", "data", "system")
 FAULTS: dict[str, type["Fault"]] = {}
+UNEXPLAINED = "unexplained"  # the `cause` of a fault outside the taxonomy (tether.health.diagnosis.UNEXPLAINED)
 
 
 def register_fault(cls: type["Fault"]) -> type["Fault"]:
@@ -144,6 +162,21 @@ class Fault:
     def on_batch(self, batch: Any, step: int) -> Any:
         return batch
 
+    def on_reference(self, ref: Any, policy: Any, step: int) -> Any:
+        return ref
+
+    def on_old_logp(self, old_BT: Any, batch: Any, step: int) -> Any:
+        return old_BT
+
+    def on_norm(self, norm: Any, mini: Any, step: int) -> Any:
+        return norm
+
+    def on_loss(self, terms: dict[str, Any], mb: Any, step: int) -> dict[str, Any]:
+        return terms
+
+    def before_optimizer_step(self, optimizer: Any, scheduler: Any, params: list, step: int) -> None:
+        pass
+
     def install(self, st: Any, cfg: Any, step_fn: Callable[[], int]) -> None:
         pass
 
@@ -205,6 +238,24 @@ class NoFaults:
 
     def on_batch(self, batch):
         return batch
+
+    def on_reference(self, ref):
+        return ref
+
+    def wants(self, seam: str) -> bool:
+        return False
+
+    def on_old_logp(self, old_BT, batch):
+        return old_BT
+
+    def on_norm(self, norm, mini):
+        return norm
+
+    def on_loss(self, terms, mb):
+        return terms
+
+    def before_optimizer_step(self, optimizer, scheduler, params):
+        pass
 
 
 NO_FAULTS = NoFaults()
@@ -274,6 +325,34 @@ class FaultSet:
             batch = f.on_batch(batch, self._step())
         return batch
 
+    def on_reference(self, ref):
+        for f in self._live():
+            ref = f.on_reference(ref, self.st.policy, self._step())
+        return ref
+
+    def wants(self, seam: str) -> bool:
+        """Whether an injected fault overrides the seam `seam` (the update scores pi_old for `on_old_logp`)."""
+        return any(getattr(type(f), seam) is not getattr(Fault, seam) for f in self.faults)
+
+    def on_old_logp(self, old_BT, batch):
+        for f in self._live():
+            old_BT = f.on_old_logp(old_BT, batch, self._step())
+        return old_BT
+
+    def on_norm(self, norm, mini):
+        for f in self._live():
+            norm = f.on_norm(norm, mini, self._step())
+        return norm
+
+    def on_loss(self, terms, mb):
+        for f in self._live():
+            terms = f.on_loss(terms, mb, self._step())
+        return terms
+
+    def before_optimizer_step(self, optimizer, scheduler, params):
+        for f in self._live():
+            f.before_optimizer_step(optimizer, scheduler, params, self._step())
+
 
 _LOADED = False
 
@@ -339,5 +418,5 @@ def build_faults(specs: Sequence[Any], st: Any, seed: int = 0) -> FaultSet | NoF
     return FaultSet(faults, st)
 
 
-__all__ = ["FAMILIES", "FAULTS", "Fault", "FaultSet", "FaultView", "ReadOnly", "NO_FAULTS", "NoFaults", "build_faults", "get_fault_class",
+__all__ = ["FAMILIES", "FAULTS", "UNEXPLAINED", "Fault", "FaultSet", "FaultView", "ReadOnly", "NO_FAULTS", "NoFaults", "build_faults", "get_fault_class",
            "load_fault_plugins", "register_fault"]

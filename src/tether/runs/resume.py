@@ -35,9 +35,9 @@ import yaml
 
 from tether.config_text import ConfigError
 from tether.io.checkpoint import find_latest_checkpoint
-from tether.io.run_dir import RunDir, do_append_jsonl, do_truncate_jsonl_after, make_run_dir, write_text_atomic
-
-RUN_FILE = "run.json"
+from tether.io.run_dir import RunDir, do_append_jsonl, do_truncate_jsonl_after, make_run_dir
+from tether.runs.lifecycle import do_start_record
+from tether.runs.record import RUN_FILE
 EVENTS_FILE = "events.jsonl"
 # Settings a resumed run may change (dotted key or section prefix ending in "."). train.lr/sft.lr
 # are applied to the restored optimizer (`do_apply_lr`); rollout.n and
@@ -48,8 +48,12 @@ RESUMABLE = (
     "rollout.batch_size", "eval.", "logging.", "checkpoint.", "health.", "dist.", "run.name", "run.threads",
     "run.retain_memory", "model.device", "model.gradient_checkpointing",
 )
-COMMANDS = {"rl": "tether train", "sft": "tether sft", "demo": "tether demo", "pipeline": "tether pipeline",
-            "distill": "tether pipeline (its distill stage)", "rm": "tether rm", "merge": "tether pipeline (its merge stage)"}
+# the command that continues each kind of run (what a refusal names)
+COMMANDS = {"rl": "tether train", "sft": "tether sft", "demo": "tether pipeline", "pipeline": "tether pipeline",
+            "distill": "tether pipeline (its distill stage)", "rm": "tether rm", "merge": "tether pipeline (its merge stage)",
+            "dpo": "tether pipeline (its dpo stage)", "rs_sft": "tether pipeline (its rs_sft stage)",
+            "eval": "tether pipeline (its eval stage)", "sweep": "tether sweep --out", "rl_async": "tether train-async",
+            "compare_context": "tether compare-context", "faultbench": "tether faultbench --out"}
 _SAMPLE_RE = re.compile(r"^[a-z_]+_(\d+)(?:-\d+)?\.jsonl\.gz$")
 
 
@@ -136,6 +140,16 @@ def do_truncate_outputs(rd: RunDir, step: int) -> None:
             d.mkdir(parents=True, exist_ok=True)
 
 
+def check_kind(path: str | Path, kind: str) -> None:
+    """`--resume` of a directory that holds another kind of run is refused, naming the command that resumes it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{path} is a file, not a run directory: choose another --run-dir")
+    if path.is_dir() and (old := stored_kind(path)) not in (None, kind):
+        raise RunDirError(f"{path} holds a {old} run: resume it with `{COMMANDS.get(old, old)} ... --resume`, "
+                          f"not `{COMMANDS.get(kind, kind)}`")
+
+
 def do_open_run(path: str | Path, cfg: Any, kind: str, resume: bool = False, overwrite: bool = False,
                 log: Callable[[str], None] | None = None) -> RunStart:
     """Open `path` for a `kind` run ("rl", "sft", "demo", "pipeline") under the rules above.
@@ -154,15 +168,14 @@ def do_open_run(path: str | Path, cfg: Any, kind: str, resume: bool = False, ove
     if markers and not resume:
         raise RunDirError(f"{path} already holds a run ({', '.join(markers)}): continue it with --resume, or replace "
                           "it with --overwrite (deletes it), or choose another --run-dir")
-    if markers and (old := stored_kind(path)) not in (None, kind):
-        raise RunDirError(f"{path} holds a {old} run: resume it with `{COMMANDS.get(old, old)} ... --resume`, "
-                          f"not `{COMMANDS.get(kind, kind)}`")
+    if markers:
+        check_kind(path, kind)
     rd = make_run_dir(path)
     start = RunStart(rd)
     if resume:
         start = _resume_point(rd, cfg, bool(markers), log)
     rd.write_config(cfg)
-    write_text_atomic(rd.root / RUN_FILE, json.dumps({"kind": kind}) + "\n")
+    do_start_record(rd.root, cfg, kind)  # run.json: kind, status running, references (tether.runs.record)
     return start
 
 
@@ -180,17 +193,37 @@ def _resume_point(rd: RunDir, cfg: Any, had_run: bool, log: Callable[[str], None
     step = int(ckpt.name.removeprefix("step_"))
     stored = yaml.safe_load(rd.config_path.read_text()) if rd.config_path.is_file() else None
     changes = compute_config_changes(stored, cfg.model_dump(mode="json")) if isinstance(stored, dict) else {}
-    refused = {k: v for k, v in changes.items() if not is_resumable_change(k)}
-    if refused:
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
-        raise RunDirError(f"cannot resume {rd.root} with a changed config ({listed}): its checkpoint does not apply "
-                          "to that; undo these changes, or start a new run (another --run-dir, or --overwrite)")
+    refuse_changes(rd, changes, is_resumable_change, "its checkpoint does not apply to that")
     do_truncate_outputs(rd, step)
     listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()) or "none"
     do_log_event(rd, {"kind": "resume", "step": step, "checkpoint": ckpt.name,
                       "resume_changes": {k: list(v) for k, v in changes.items()},
                       "message": f"resuming {rd.root} from {ckpt.name}; config changes: {listed}"}, log)
     return RunStart(rd, ckpt, changes)
+
+
+def refuse_changes(rd: RunDir, changes: dict[str, tuple[Any, Any]], allowed: Callable[[str], bool], why: str) -> None:
+    """Raise RunDirError naming every change `allowed` rejects (the one wording of every resume)."""
+    refused = {k: v for k, v in changes.items() if not allowed(k)}
+    if refused:
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in refused.items())
+        raise RunDirError(f"cannot resume {rd.root} with a changed config ({listed}): {why}; undo these changes, "
+                          "or start a new run (another --run-dir, or --overwrite)")
+
+
+def check_config_resume(rd: RunDir, stored: dict[str, Any], new: dict[str, Any], allowed: Callable[[str], bool],
+                        why: str, log: Callable[[str], None] | None = None) -> dict[str, tuple[Any, Any]]:
+    """The resume rule of runs made of other runs (a pipeline, a context comparison): the changes
+    from `stored` to `new` that `allowed` accepts are returned and recorded in events.jsonl; any
+    other is refused with each differing key, before anything is written."""
+    changes = compute_config_changes(stored, new)
+    refuse_changes(rd, changes, allowed, why)
+    if changes:
+        listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        do_log_event(rd, {"kind": "resume", "resume_changes": {k: list(v) for k, v in changes.items()},
+                          "message": f"resuming {rd.root}; config changes: {listed} (finished parts keep their results)"},
+                     log)
+    return changes
 
 
 def do_apply_lr(optimizer: Any, scheduler: Any, lr: float, group: int = 0) -> None:

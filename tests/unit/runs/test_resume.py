@@ -1,4 +1,4 @@
-"""Run directories are never clobbered and resume checks the config (issue 14, tether.io.resume).
+"""Run directories are never clobbered and resume checks the config (issue 14, tether.runs.resume).
 
 Every case fails before a model is built, so these run in well under a second each."""
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tether.cli import app
 from tether.config import dump_config, load_config
-from tether.io.resume import RunDirError, compute_config_changes, do_apply_lr, do_open_run, do_truncate_outputs
+from tether.runs.resume import RunDirError, compute_config_changes, do_apply_lr, do_open_run, do_truncate_outputs
 from tether.io.run_dir import make_run_dir, read_metrics
 
 runner = CliRunner()

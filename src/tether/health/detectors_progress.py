@@ -1,0 +1,220 @@
+"""Progress and invariant checks that need no fault model (issue 41): each reads a probe of the
+update (`tether.train.probes`, `update/*`) or an invariant signal of the step
+(`tether.health.invariants`, `health/*`) and states a property every correct RL step keeps.
+
+- `progress`: the update moves the policy, by what the LR implies, along its advantages. Rules:
+  `frozen` trainable parameter tensors that did not move in an optimizer step (Adam moves every
+  tensor that has a gradient: 0 in a correct update); `stalled` the per-step change of the
+  weights (`update/step_ratio`, ||dtheta|| / (lr sqrt(N))) and of the sampled tokens' log-probs
+  (`update/logp_change`) both below `stall` x their baseline (a hidden LR scale, a gradient that
+  does not reach the weights); `fast` the weights moving `fast` x more than the LR and the
+  baseline imply (a hidden LR scale up, broken optimizer moments); `against` the update lowering
+  the surrogate on its own batch (`update/logp_gain` < 0 on `against_k` of the last steps, past
+  the post-SFT transient): a loss whose gradient contradicts its advantages.
+- `kl_probe`: with a KL coefficient on and the KL in the loss, the KL term carries a gradient to
+  the policy (`update/kl_live`, critical at once when it does not), and the KL to the reference
+  grows as the policy moves away from where it started (`flat`: after `k` steps, the KL to the
+  reference is still below `flat` (2) x the mean per-update KL: a reference that follows the
+  policy sits one update behind it, a frozen one falls further behind with every step).
+- `forward_mismatch`: the trainer's gradient forward agrees with its own scoring pass on the
+  same weights before the first optimizer step of a step (`update/kl_pre` ~ 0: the same function
+  of the same weights); a KL there is not an update-size problem.
+- `loss_norm`: the normaliser counts every token of a mini-batch once (`update/norm_ratio` 1).
+- `sampler_state`: the sampler's non-parameter state (buffers) is the trainer's at the version
+  it reports (`health/buffers_mismatch`).
+- `param_drift`: the parameters' norm moves steadily faster than during the baseline (and than a
+  healthy run's own steady growth).
+- `duplicates`: a group's samples are independent draws (`health/dup_groups_unlikely` above
+  what independent sampling gives).
+- `answer_leak`: prompts carry their own gold answer far more often than another problem's
+  (over the last two steps).
+
+Thresholds and why: docs/health/README.md ("Progress and invariant checks").
+"""
+
+from __future__ import annotations
+
+import math
+
+from tether.health.detectors import OK, Detector, History, RunContext, _ev, _recent_mean, register_detector
+from tether.health.telemetry import finite
+
+
+@register_detector
+class ProgressDetector(Detector):
+    """The update does not move the policy as its LR and advantages imply."""
+
+    name, mode, needs_baseline = "progress", "no_progress", False
+    defaults = {"frozen": 0.02, "stall": 0.2, "fast": 4.0, "against_k": 4, "against_n": 3, "skip": 4}
+
+    def evaluate(self, h: History, ctx: RunContext):
+        frozen = finite(h.latest("update/frozen_frac"))
+        if frozen is not None and frozen > self.p["frozen"]:
+            return 2, f"{frozen:.0%} of the trainable parameter tensors did not move in an optimizer step", {
+                "update/frozen_frac": {"value": round(frozen, 4), "bound": self.p["frozen"]}, "rule": "frozen"}
+        if h.ready:
+            ratio, base_r = _recent_mean(h, "update/step_ratio", 2), h.baseline("update/step_ratio")
+            change, base_c = _recent_mean(h, "update/logp_change", 2), h.baseline("update/logp_change")
+            if ratio is not None and base_r is not None and ratio > self.p["fast"] * base_r.median:
+                return 1, (f"the weights moved {ratio / base_r.median:.1f}x more per step than at the same LR during the "
+                           "baseline (||dtheta|| / lr)"), {"update/step_ratio": _ev(ratio, base_r), "rule": "fast"}
+            if (ratio is not None and base_r is not None and change is not None and base_c is not None
+                    and ratio < self.p["stall"] * base_r.median and change < self.p["stall"] * base_c.median):
+                return 1, (f"the update barely moves the policy: weights {ratio / base_r.median:.2g}x, sampled log-probs "
+                           f"{change / base_c.median:.2g}x their baseline change per step"), {
+                    "update/step_ratio": _ev(ratio, base_r), "update/logp_change": _ev(change, base_c), "rule": "stalled"}
+        k = int(self.p["against_k"])
+        rows = [r for r in h.rows if r["step"] > self.p["skip"] and r["step"] not in h.discarded][-k:]
+        gains = [g for r in rows if (g := finite(r.get("update/logp_gain"))) is not None]
+        if len(gains) == k and sum(g < 0 for g in gains) >= self.p["against_n"] and sum(gains) < 0:
+            return 1, (f"the update lowered its own objective on {sum(g < 0 for g in gains)} of the last {k} steps "
+                       f"(mean advantage-weighted log-prob change {sum(gains) / k:.3g}): the gradient goes against "
+                       "the advantages"), {"update/logp_gain": {"value": round(sum(gains) / k, 5)}, "rule": "against"}
+        return OK
+
+
+@register_detector
+class KLProbeDetector(Detector):
+    """A KL anchor that does nothing while its coefficient is on."""
+
+    name, mode, needs_baseline = "kl_probe", "kl_inactive", False
+    defaults = {"k": 6, "flat": 2.0, "floor": 1e-4}
+    persist = 1
+
+    def evaluate(self, h: History, ctx: RunContext):
+        live = finite(h.latest("update/kl_live"))
+        if live is not None and live < 1.0:
+            return 2, (f"the KL term carries no gradient to the policy on {1 - live:.0%} of the micro-batches "
+                       "(its coefficient is on)"), {"update/kl_live": {"value": round(live, 4)}, "rule": "detached"}
+        k = int(self.p["k"])
+        rows = [r for r in h.rows if r["step"] not in h.discarded and finite(r.get("kl_loss")) is not None
+                and (finite(r.get("kl_coef")) or 0) > 0][-k:]
+        if len(rows) < k or any(r.get("kl/reference_reset") for r in rows):
+            return OK
+        kl_ref = sum(r["kl_loss"] for r in rows[-2:]) / 2
+        per_update = [finite(r.get("approx_kl")) or 0.0 for r in h.rows if r["step"] not in h.discarded]
+        moved = sum(per_update)  # how far the policy moved since the start (sum of per-update KLs)
+        if moved > 20 * self.p["floor"] and kl_ref < self.p["flat"] * moved / len(per_update):
+            return 1, (f"the KL to the reference ({kl_ref:.3g}) stays at one update's size ({moved / len(per_update):.3g}) "
+                       "while the policy moves: the reference follows the policy"), {
+                "kl_loss": {"value": round(kl_ref, 6), "per_update": round(moved / len(per_update), 6)}, "rule": "flat"}
+        return OK
+
+
+@register_detector
+class ForwardMismatchDetector(Detector):
+    """The trainer's gradient forward disagrees with its own scoring pass before any optimizer step."""
+
+    name, mode, needs_baseline = "forward_mismatch", "rollout_mismatch", False
+    defaults = {"kl": 1e-3}
+
+    def evaluate(self, h: History, ctx: RunContext):
+        kl = finite(h.latest("update/kl_pre"))
+        if kl is None or abs(kl) <= self.p["kl"]:
+            return OK
+        return 2 if abs(kl) > 20 * self.p["kl"] else 1, (
+            f"before the first optimizer step the training forward is {kl:.3g} nats from the scoring pass on the same "
+            "weights (~0 when they are the same function): the forwards differ, the update size is not the cause"), {
+            "update/kl_pre": {"value": round(kl, 6), "bound": self.p["kl"]}, "rule": "pre_update"}
+
+
+@register_detector
+class LossNormDetector(Detector):
+    """The loss normaliser does not count each token of the mini-batch once."""
+
+    name, mode, needs_baseline = "loss_norm", "credit_assignment", False
+    defaults = {"tol": 1e-3}
+    persist = 1
+
+    def evaluate(self, h: History, ctx: RunContext):
+        r = finite(h.latest("update/norm_ratio"))
+        if r is None or abs(r - 1.0) <= self.p["tol"]:
+            return OK
+        return 2, f"the loss normaliser weighs the mini-batch's tokens {r:.3g}x (1 when each counts once)", {
+            "update/norm_ratio": {"value": round(r, 6), "bound": 1.0}, "rule": "coverage"}
+
+
+@register_detector
+class SamplerStateDetector(Detector):
+    """The sampler's buffers (non-parameter state) differ from the trainer's at the reported version."""
+
+    name, mode, needs_baseline = "sampler_state", "rollout_mismatch", False
+    persist = 1
+
+    def evaluate(self, h: History, ctx: RunContext):
+        if finite(h.latest("health/buffers_mismatch")) != 1.0:
+            return OK
+        params = finite(h.latest("health/weights_mismatch"))
+        same = " (its parameters match)" if params == 0.0 else ""
+        return 2, f"the sampler's buffers (non-parameter state) are not the trainer's{same}", {
+            "health/buffers_mismatch": {"value": 1.0}, "health/weights_mismatch": {"value": params}, "rule": "buffers"}
+
+
+@register_detector
+class ParamDriftDetector(Detector):
+    """The parameters' norm changing steadily faster than during the baseline.
+
+    A healthy run's norm drifts too - steadily, one way (Adam without weight decay grows it): on 10
+    healthy faultbench runs (lr 1e-3, 30 steps) by at most 8e-4 per step, and a baseline window
+    can sit at a fraction of the later rate. So the bar is `factor` x the fastest per-step change of
+    the baseline window and at least `floor` (1.5e-3: twice the healthy maximum at that LR)."""
+
+    name, mode = "param_drift", "param_drift"
+    defaults = {"k": 4, "factor": 4.0, "floor": 1.5e-3}
+
+    def evaluate(self, h: History, ctx: RunContext):
+        rows = [r for r in h.rows if r["step"] not in h.discarded and finite(r.get("health/param_norm"))]
+        k = int(self.p["k"])
+        base_steps = set(h.baseline_steps)
+        base = [r["health/param_norm"] for r in rows if r["step"] in base_steps]
+        if len(rows) < k + 1 or len(base) < 3:
+            return OK
+        rate0 = max(abs(math.log(b / a)) for a, b in zip(base, base[1:]))  # fastest baseline step
+        recent = [r["health/param_norm"] for r in rows[-(k + 1):]]
+        steps = [math.log(b / a) for a, b in zip(recent, recent[1:])]
+        rate = sum(steps) / k
+        steady = all(s > 0 for s in steps) or all(s < 0 for s in steps)
+        if steady and abs(rate) > max(self.p["factor"] * rate0, self.p["floor"]):
+            return 1, (f"the parameters' norm changes {rate:+.2%} per step ({recent[0]:.4g} -> {recent[-1]:.4g} over "
+                       f"{k} steps; at most {rate0:.2%} per step in the baseline)"), {
+                "health/param_norm": {"value": round(recent[-1], 5), "rate": round(rate, 6), "baseline_rate": round(rate0, 6)},
+                "rule": "drift"}
+        return OK
+
+
+@register_detector
+class DuplicatesDetector(Detector):
+    """Groups whose samples are all identical far more often than independent sampling allows."""
+
+    name, mode, needs_baseline = "duplicates", "sampler_duplicates", False
+    defaults = {"groups": 2.0}
+
+    def evaluate(self, h: History, ctx: RunContext):
+        n, e = finite(h.latest("health/dup_groups_unlikely")), finite(h.latest("health/dup_groups_expected"))
+        if n is None or e is None or n - e < self.p["groups"]:
+            return OK
+        return 2 if n - e > 4 * self.p["groups"] else 1, (
+            f"{n:.0f} groups hold n identical samples that independent sampling would give {e:.2f} times: the "
+            "sampler does not draw a group's samples independently (a seed per prompt?)"), {
+            "health/dup_groups_unlikely": {"value": n, "expected": round(e, 4)}, "rule": "independence"}
+
+
+@register_detector
+class AnswerLeakDetector(Detector):
+    """Prompts that carry their own gold answer: over the last two steps' prompts (64 on faultbench,
+    where one step's own/chance fractions of healthy runs wander up to 0.53/0.375 above chance and two
+    steps' up to 0.44/0.29), at least `own` of them hold their own answer and `margin` more than hold
+    another problem's. An invariant of the data (at once, no persistence): a leaked template shows in
+    the first two steps it is in force, before the damage it does to the data statistics is named."""
+
+    name, mode, needs_baseline = "answer_leak", "data", False
+    defaults = {"own": 0.55, "margin": 0.4}
+    persist = 1
+
+    def evaluate(self, h: History, ctx: RunContext):
+        own, chance = _recent_mean(h, "health/answer_in_prompt", 2), _recent_mean(h, "health/answer_in_prompt_chance", 2)
+        if own is None or chance is None or own < self.p["own"] or own - chance < self.p["margin"]:
+            return OK
+        return 1, (f"{own:.0%} of the prompts contain their own gold answer ({chance:.0%} another problem's): the "
+                   "answer leaks into the prompt"), {
+            "health/answer_in_prompt": {"value": round(own, 4), "chance": round(chance, 4)}, "rule": "leak"}

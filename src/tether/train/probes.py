@@ -1,0 +1,122 @@
+"""The update's self-checks: cheap probes that need no fault model (read by tether.health).
+
+Each probe measures a property every correct update has, whatever the model or task; the
+detectors of `tether.health.detectors_progress` judge them. What `run_update` logs:
+
+    update/logp_gain      sum_t A (logp_after - logp_before) / sum_t |A| over a few probe rows of
+                          the batch, measured around the whole update: > 0 when the update moved
+                          the policy along its advantages (the first-order gain of the surrogate)
+    update/logp_change    mean |logp_after - logp_before| on the probe rows' loss tokens: how far
+                          the policy moved on the tokens it sampled
+    update/step_ratio     ||theta_after - theta_before|| / (lr x sqrt(N)) per optimizer step of the
+                          policy's parameters, the LR read before the step (Adam moves each
+                          element by lr x |m / sqrt(v)| <= ~lr): a step far from what the LR
+                          implies is a hidden LR scale, a broken optimizer state, or a gradient
+                          that does not reach the weights
+    update/frozen_frac    trainable parameter tensors (requires_grad) that did not move at all in an
+                          optimizer step although they had a non-zero gradient, or had no gradient
+                          at all (max over the update's steps): 0 in a correct update (every
+                          trainable tensor gets a gradient; Adam moves every tensor whose gradient
+                          or momentum is non-zero); an all-zero gradient (no signal) is not frozen
+    update/norm_ratio     the loss normaliser's weights summed over the micro-batches over the same
+                          weights of the whole mini-batch with a freshly computed normaliser: 1
+                          when every token is counted once (house rule 7); max |ratio - 1| + 1
+    update/kl_pre         approx_kl of the first mini-batch, before the first optimizer step: the
+                          trainer's gradient forward against its own scoring pass on the same
+                          weights, ~0 (NaN in fused mode, where pi_old is that forward)
+    update/kl_live        1 when the KL term added to the loss carries a gradient to the policy
+                          (its coefficient on, KL in the loss), 0 when it does not; absent otherwise
+
+`update/logp_gain` costs one no-grad forward of a few rows after the update (before it, their
+log-probs are pi_old's when it is scored, else - one pass, one mini-batch - the training forward's);
+the rest reuses what the update computes (the weight copy of `do_checked_step`, the loss terms).
+`time/probes` logs their time (the probe forwards and the step statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tether.algos import agg_loss, compute_agg_norm
+
+
+def choose_probe_rows(adv_BT: torch.Tensor, mask_BT: torch.Tensor, k: int) -> torch.Tensor | None:
+    """Up to `k` rows with a non-zero advantage under the mask, evenly spaced (deterministic); None if none."""
+    live = ((adv_BT != 0) & (mask_BT > 0)).any(-1).nonzero().squeeze(-1)
+    if live.numel() == 0 or k <= 0:
+        return None
+    pick = torch.linspace(0, live.numel() - 1, min(k, live.numel())).round().long()
+    return live[pick]
+
+
+def fill_probe_rows(rows: torch.Tensor, before_KT: torch.Tensor, batch_rows: torch.Tensor, logp_BT: torch.Tensor) -> None:
+    """Copy the probe `rows`' log-probs out of a micro-batch's forward into `before_KT` (`batch_rows`:
+    the micro-batch's rows' indices in the batch; its length may be trimmed to its longest row)."""
+    for i, b in enumerate(batch_rows.tolist()):
+        hit = (rows == b).nonzero()
+        if hit.numel():
+            before_KT[int(hit[0, 0]), : logp_BT.shape[1]] = logp_BT[i].to(before_KT)
+
+
+def probe_size(rows: int) -> int:
+    """Probe rows of a batch of `rows` sequences: 1/16 of it, 4 to 16 (a no-grad forward or two of them
+    cost ~2% of the update's forward and backward over every row)."""
+    return min(16, max(4, rows // 16))
+
+
+def compute_logp_progress(before_BT: torch.Tensor, after_BT: torch.Tensor, adv_BT: torch.Tensor,
+                          mask_BT: torch.Tensor) -> dict[str, float]:
+    """`update/logp_gain` and `update/logp_change` of the probe rows (see the module docstring)."""
+    m = mask_BT > 0
+    d = (after_BT.double() - before_BT.double())[m]
+    a = adv_BT.double()[m]
+    if d.numel() == 0 or float(a.abs().sum()) == 0.0:
+        return {}
+    return {"update/logp_gain": float((a * d).sum() / a.abs().sum()), "update/logp_change": float(d.abs().mean())}
+
+
+def compute_step_stats(params: list[torch.Tensor], before: list[torch.Tensor], lr: float,
+                       grads: list[torch.Tensor | None]) -> dict[str, float]:
+    """`update/step_ratio` and `update/frozen_frac` of one optimizer step over `params` (the
+    policy's), `before` their values and `grads` their gradients before the step, `lr` the LR
+    the step was asked for."""
+    rows = [(p, w, g) for p, w, g in zip(params, before, grads) if p.requires_grad]
+    if not rows or lr <= 0:
+        return {}
+    with torch.no_grad():
+        norms = torch._foreach_norm(torch._foreach_sub([p.detach() for p, _, _ in rows], [w for _, w, _ in rows]))
+        sq = torch.stack([n.double() ** 2 for n in norms])
+        pushed = [g is None or bool(g.detach().abs().amax() > 0) for _, _, g in rows]  # None: no gradient reached it
+    n = sum(p.numel() for p, _, _ in rows)
+    frozen = [bool(s == 0) and push for s, push in zip(sq, pushed)]
+    return {"update/step_ratio": math.sqrt(float(sq.sum())) / (lr * math.sqrt(n)),
+            "update/frozen_frac": sum(frozen) / len(frozen)}
+
+
+class NormCheck:
+    """`update/norm_ratio`: per mini-batch, the normaliser's token weights summed over its
+    micro-batches against the whole mini-batch's under a freshly computed normaliser."""
+
+    def __init__(self, mode: str, max_len: int | None) -> None:
+        self.mode, self.max_len, self.worst = mode, max_len, 0.0
+        self._sum = 0.0
+
+    def add(self, mask_BT: torch.Tensor, norm: Any) -> None:
+        """A micro-batch's mask and the normaliser its loss was divided by."""
+        self._sum += float(agg_loss(torch.ones_like(mask_BT), mask_BT, self.mode, norm))
+
+    def end(self, mini_mask_BT: torch.Tensor) -> None:
+        ref = float(agg_loss(torch.ones_like(mini_mask_BT), mini_mask_BT, self.mode,
+                             compute_agg_norm(mini_mask_BT, self.max_len)))
+        if ref > 0:
+            self.worst = max(self.worst, abs(self._sum / ref - 1.0))
+        self._sum = 0.0
+
+    def result(self) -> dict[str, float]:
+        return {"update/norm_ratio": 1.0 + self.worst}
+
+
+__all__ = ["NormCheck", "choose_probe_rows", "compute_logp_progress", "compute_step_stats", "fill_probe_rows", "probe_size"]

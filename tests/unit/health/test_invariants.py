@@ -1,0 +1,195 @@
+"""The invariant signals (tether.health.invariants) and the update's probes (tether.train.probes),
+each on a hand-built input whose answer is computed by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tether.algos import compute_agg_norm
+from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_mask_coverage,
+                                      compute_param_norm, compute_reward_routing)
+from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
+from tether.train.probes import NormCheck, choose_probe_rows, compute_logp_progress, compute_step_stats
+from tether.types import Outcome, RewardResult, StopReason, Trajectory, TrajectoryGroup, Turn
+from health_helpers import make_group
+
+# ----------------------------------------------------------------------------- loss mask by position
+
+SAMPLED = torch.tensor([[0, 0, 1, 1, 1, 0],   # row 0: prompt of 2, 3 sampled tokens, 1 pad
+                        [0, 1, 1, 0, 0, 0]], dtype=torch.bool)  # row 1: prompt of 1, 2 sampled tokens
+OK_ROWS = torch.tensor([True, True])
+
+
+def test_mask_equal_to_the_sampled_positions_is_silent():
+    out = compute_mask_coverage(SAMPLED.float(), SAMPLED, OK_ROWS)
+    assert out == {"health/mask_missed": 0.0, "health/mask_extra": 0.0, "health/mask_missed_last": 0.0,
+                   "health/mask_missed_first": 0.0, "health/mask_shifted": 0.0}
+
+
+def test_a_mask_moved_one_position_right_keeps_its_count_but_not_its_positions():
+    mask = torch.zeros(2, 6)
+    mask[:, 1:] = SAMPLED[:, :-1].float()  # row 0 covers 3, 4, 5; row 1 covers 2, 3
+    out = compute_mask_coverage(mask, SAMPLED, OK_ROWS)
+    assert mask.sum() == SAMPLED.sum()  # the count check passes
+    # missed: row 0 position 2, row 1 position 1 -> 2 of 5 sampled; extra: row 0 position 5, row 1 position 3 -> 2 / 5
+    assert out["health/mask_missed"] == pytest.approx(2 / 5) and out["health/mask_extra"] == pytest.approx(2 / 5)
+    assert out["health/mask_missed_first"] == 1.0 and out["health/mask_missed_last"] == 0.0
+    assert out["health/mask_shifted"] == 1.0  # both rows: the sampled positions moved by one
+
+
+def test_an_eos_dropped_from_the_mask_is_a_missed_last_token():
+    mask = SAMPLED.float().clone()
+    mask[0, 4] = 0  # row 0's last sampled token (its EOS)
+    out = compute_mask_coverage(mask, SAMPLED, OK_ROWS)
+    assert out["health/mask_missed"] == pytest.approx(1 / 5) and out["health/mask_extra"] == 0.0
+    assert out["health/mask_missed_last"] == pytest.approx(1 / 2) and out["health/mask_shifted"] == 0.0
+
+
+def test_rows_dropped_by_filtering_may_have_an_empty_mask():
+    mask = SAMPLED.float().clone()
+    mask[1] = 0  # row 1 weighs 0 (compact filtering): its tokens are not missed
+    out = compute_mask_coverage(mask, SAMPLED, torch.tensor([True, False]))
+    assert out["health/mask_missed"] == 0.0 and out["health/mask_extra"] == 0.0
+
+
+# ----------------------------------------------------------------------------- independent samples
+
+
+def _group(task: str, responses, logp: float) -> TrajectoryGroup:
+    trajs = []
+    for resp in responses:
+        turn = Turn(context_ids=(1, 2), action_ids=resp, action_logprobs=tuple(logp / len(resp) for _ in resp))
+        trajs.append(Trajectory(task, (turn,), RewardResult(0.0, {"exact_match": 0.0}, Outcome.OK, False), StopReason.EOS))
+    return TrajectoryGroup(task, tuple(trajs), {"prompt": "p", "answer": "1"})
+
+
+def test_identical_samples_of_an_unsure_sampler_are_unlikely():
+    # p = exp(-2) = 0.135 for every sample; 4 identical samples: chance p^3 = 0.0025 < 0.01 -> unlikely
+    g = _group("a", [(5, 6)] * 4, -2.0)
+    out = compute_duplicate_stats([g])
+    assert out["health/dup_groups_unlikely"] == 1.0
+    assert out["health/dup_groups_expected"] == pytest.approx(math.exp(-2.0) ** 3)  # sum of p^3 / n over 4 samples
+    assert out["health/dup_pairs"] == 6.0  # C(4, 2)
+    assert out["health/dup_pairs_expected"] == pytest.approx(6 * math.exp(-2.0))
+
+
+def test_identical_samples_of_a_sure_sampler_are_expected():
+    g = _group("a", [(5, 6)] * 4, -0.05)  # p = 0.95: p^3 = 0.86, independent draws agree
+    out = compute_duplicate_stats([g])
+    assert out["health/dup_groups_unlikely"] == 0.0 and out["health/dup_groups_expected"] == 0.0
+
+
+def test_distinct_samples_have_no_duplicates():
+    out = compute_duplicate_stats([_group("a", [(5,), (6,), (7,), (8,)], -2.0)])
+    assert out["health/dup_pairs"] == 0.0 and out["health/dup_groups_unlikely"] == 0.0
+
+
+# ----------------------------------------------------------------------------- answer leakage
+
+
+def _task_group(prompt: str, answer: str) -> TrajectoryGroup:
+    g = make_group("t", (1,), [0.0], [False])
+    return TrajectoryGroup(g.task_id, g.trajectories, {"prompt": prompt, "answer": answer})
+
+
+def test_answer_in_its_own_prompt_against_chance():
+    groups = [_task_group("3+4=", "7"), _task_group("12+1=", "13"), _task_group("5*1=", "5"), _task_group("9-2=", "7")]
+    out = compute_answer_leakage(groups, shifts=(1,))
+    # own: "5" in "5*1=" only ("7" is not in "3+4=", "13" not in "12+1=" as a token, "7" not in "9-2=") -> 1/4
+    # chance (shift 1): "13" in "3+4="? no; "5" in "12+1="? no; "7" in "5*1="? no; "7" in "9-2="? no -> 0/4
+    assert out == {"health/answer_in_prompt": 0.25, "health/answer_in_prompt_chance": 0.0}
+
+
+def test_a_number_inside_a_longer_number_does_not_count():
+    groups = [_task_group("12+1=", "2"), _task_group("3+4=", "7"), _task_group("1+1=", "2"), _task_group("2+2=", "4")]
+    out = compute_answer_leakage(groups, shifts=(1,))
+    assert out["health/answer_in_prompt"] == 0.0  # "2" is inside "12" only; "2+2=" does not hold "4"
+
+
+# ----------------------------------------------------------------------------- reward routing
+
+
+def test_rewards_on_the_wrong_samples_keep_each_groups_count():
+    routed = make_group("a", (1,), [0.0, 1.0, 0.0, 0.0], [True, False, False, False])  # the 1 on a neighbour
+    right = make_group("b", (1,), [1.0, 0.0, 1.0, 0.0], [True, False, True, False])
+    out = compute_reward_routing([routed, right])
+    # groups with verdicts 2; disagreeing 1 (a), which pays 1 sample for 1 correct -> routed 1/1
+    assert out == {"health/reward_disagree_groups": 0.5, "health/reward_routed_frac": 1.0}
+
+
+def test_noise_changes_how_many_samples_a_group_pays():
+    noisy = make_group("a", (1,), [1.0, 1.0, 0.0, 1.0], [True, False, False, False])  # a flip: 3 paid, 1 correct
+    out = compute_reward_routing([noisy])
+    assert out == {"health/reward_disagree_groups": 1.0, "health/reward_routed_frac": 0.0}
+
+
+def test_agreeing_rewards_have_nothing_to_route():
+    out = compute_reward_routing([make_group("a", (1,), [1.0, 0.0], [True, False])])
+    assert out["health/reward_disagree_groups"] == 0.0 and math.isnan(out["health/reward_routed_frac"])
+
+
+# ----------------------------------------------------------------------------- parameters and buffers
+
+
+def test_param_norm_and_a_buffer_the_parameter_checksum_does_not_see():
+    lin = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[3.0, 4.0]]))
+    lin.register_buffer("inv_freq", torch.tensor([1.0, 0.5]), persistent=False)
+    assert compute_param_norm(lin) == pytest.approx(5.0)  # sqrt(9 + 16)
+    params, bufs = compute_weights_fingerprint(lin), compute_buffers_fingerprint(lin)
+    lin.inv_freq.mul_(0.9)
+    assert compute_weights_fingerprint(lin) == params and compute_buffers_fingerprint(lin) != bufs
+
+
+# ----------------------------------------------------------------------------- the update's probes
+
+
+def test_logp_gain_is_the_advantage_weighted_change():
+    before = torch.tensor([[0.0, -1.0, -2.0]])
+    after = torch.tensor([[0.0, -0.5, -2.5]])
+    adv = torch.tensor([[0.0, 1.0, -1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    out = compute_logp_progress(before, after, adv, mask)
+    # gain = (1 x 0.5 + (-1) x (-0.5)) / (|1| + |-1|) = 0.5; change = mean(|0.5|, |-0.5|) = 0.5
+    assert out == {"update/logp_gain": pytest.approx(0.5), "update/logp_change": pytest.approx(0.5)}
+    assert compute_logp_progress(after, before, adv, mask)["update/logp_gain"] == pytest.approx(-0.5)  # against
+
+
+def test_step_stats_measure_the_step_against_the_lr_and_spot_frozen_tensors():
+    a, b, c = (torch.nn.Parameter(torch.zeros(4)) for _ in range(3))
+    before = [x.detach().clone() for x in (a, b, c)]
+    with torch.no_grad():
+        a.add_(0.01)  # every element moved by lr = 0.01 (an Adam step with |m / sqrt(v)| = 1)
+    grads = [torch.ones(4), None, torch.ones(4)]  # b got no gradient, c had one and did not move
+    out = compute_step_stats([a, b, c], before, 0.01, grads)
+    # ||dtheta|| = sqrt(4 x 0.01^2) = 0.02; lr x sqrt(N) = 0.01 x sqrt(12) -> 0.02 / 0.0346; b and c frozen: 2/3
+    assert out["update/step_ratio"] == pytest.approx(0.02 / (0.01 * math.sqrt(12)))
+    assert out["update/frozen_frac"] == pytest.approx(2 / 3)
+    # a zero gradient (no signal, no momentum yet) that moves nothing is not a frozen tensor
+    zero = [torch.zeros(4)] * 3
+    assert compute_step_stats([a, b, c], [x.detach().clone() for x in (a, b, c)], 0.01, zero)["update/frozen_frac"] == 0.0
+
+
+def test_norm_check_is_one_when_every_token_counts_once_and_sees_a_wrong_normaliser():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    right = compute_agg_norm(mask)
+    check = NormCheck("token_mean", None)
+    for rows in ([0], [1, 2]):  # two micro-batches under the mini-batch's normaliser: 2/6 + 4/6 = 1
+        check.add(mask[rows], right)
+    check.end(mask)
+    assert check.result()["update/norm_ratio"] == pytest.approx(1.0, abs=1e-6)  # float32 sums
+    wrong = NormCheck("token_mean", None)
+    wrong.add(mask, type(right)(right.num_tokens * 4, right.num_seqs, right.max_len))  # 6 / 24 = 0.25 of the weight
+    wrong.end(mask)
+    assert wrong.result()["update/norm_ratio"] == pytest.approx(1.75)  # 1 + |0.25 - 1|
+
+
+def test_probe_rows_are_rows_with_an_advantage():
+    adv = torch.tensor([[0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, -2.0]])
+    mask = torch.ones(4, 2)
+    assert choose_probe_rows(adv, mask, 8).tolist() == [1, 3]
+    assert choose_probe_rows(torch.zeros(4, 2), mask, 8) is None

@@ -1,0 +1,155 @@
+"""Progress and invariant checks (tether.health.detectors_progress): each fires on a series that
+injects exactly what it guards, and stays quiet on the healthy series; the diagnosis names what
+they point at, or says it cannot."""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.health.detectors import Finding
+from tether.health.diagnosis import UNEXPLAINED, diagnose
+from health_helpers import replay, series
+
+
+def _first(found, detector):
+    return next((f for f in found if f.detector == detector), None)
+
+
+def _run(detector: str, change=None, start: int = 15, n: int = 30, seed: int = 0):
+    return replay(series(n, seed, {"x": change} if change else None, start), detector=detector)
+
+
+DETECTORS = ("progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates",
+             "answer_leak")
+
+
+@pytest.mark.parametrize("detector", DETECTORS)
+@pytest.mark.parametrize("seed", range(3))
+def test_quiet_on_the_healthy_series(detector, seed):
+    assert _run(detector, seed=seed, n=60) == []
+
+
+def test_frozen_tensors_are_flagged_at_once():
+    f = _first(_run("progress", lambda r, s: r.update({"update/frozen_frac": 0.5})), "progress")
+    assert f.step == 15 and f.severity == "critical" and f.evidence["rule"] == "frozen"
+
+
+def test_a_stalled_update_is_flagged_and_a_fast_one_too():
+    slow = _first(_run("progress", lambda r, s: r.update({"update/step_ratio": 0.02, "update/logp_change": 0.01})), "progress")
+    assert slow is not None and slow.step <= 17 and slow.evidence["rule"] == "stalled"
+    # only the weights slow, the log-probs move as before: not stalled
+    assert _run("progress", lambda r, s: r.update({"update/step_ratio": 0.02})) == []
+    fast = _first(_run("progress", lambda r, s: r.update({"update/step_ratio": 2.0})), "progress")
+    assert fast is not None and fast.step <= 17 and fast.evidence["rule"] == "fast"
+
+
+def test_an_update_against_its_advantages():
+    f = _first(_run("progress", lambda r, s: r.update({"update/logp_gain": -0.1})), "progress")
+    assert f is not None and f.evidence["rule"] == "against" and f.step <= 18  # 3 of the last 4 steps
+    # two negative steps out of four are noise
+    assert _run("progress", lambda r, s: r.update({"update/logp_gain": -0.1 if s % 2 else 0.1})) == []
+
+
+def test_kl_probe_detached_and_flat():
+    f = _first(_run("kl_probe", lambda r, s: r.update({"update/kl_live": 0.0, "kl_coef": 0.1})), "kl_probe")
+    assert f.step == 15 and f.severity == "critical" and f.evidence["rule"] == "detached"
+    # a frozen reference: the KL to it (0.05) above twice the per-update KL (0.01 a step): quiet
+    assert _run("kl_probe", lambda r, s: r.update({"kl_coef": 0.1, "kl_loss": 0.05}), start=1) == []
+    # the reference follows the policy: KL to it 0.012 < 2 x 0.01 per update
+    flat = _first(_run("kl_probe", lambda r, s: r.update({"kl_coef": 0.1, "kl_loss": 0.012}), start=1), "kl_probe")
+    assert flat is not None and flat.evidence["rule"] == "flat" and flat.step == 6
+    # off: no coefficient, no probe
+    assert _run("kl_probe", lambda r, s: r.update({"kl_coef": 0.0, "kl_loss": 0.0}), start=1) == []
+
+
+def test_forward_mismatch_and_loss_norm_and_sampler_state_are_exact():
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.005})), "forward_mismatch")
+    assert f.step == 16 and f.evidence["rule"] == "pre_update"  # 2 of 3 steps
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.05})), "forward_mismatch")
+    assert f.step == 15 and f.severity == "critical"  # past 20x the bound: at once
+    assert _run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 1e-6})) == []  # numerics
+    f = _first(_run("loss_norm", lambda r, s: r.update({"update/norm_ratio": 1.25})), "loss_norm")
+    assert f.step == 15 and f.severity == "critical"
+    f = _first(_run("sampler_state", lambda r, s: r.update({"health/buffers_mismatch": 1.0})), "sampler_state")
+    assert f.step == 15 and "parameters match" in f.message
+
+
+def test_param_drift_one_way_every_step():
+    f = _first(_run("param_drift", lambda r, s: r.update({"health/param_norm": 32.8 * 1.01 ** (s - 14)})), "param_drift")
+    assert f is not None and f.step <= 20 and f.evidence["rule"] == "drift"
+    # the same amplitude back and forth is not a drift
+    assert _run("param_drift", lambda r, s: r.update({"health/param_norm": 32.8 * (1.01 if s % 2 else 1.0)})) == []
+
+
+def test_duplicates_beyond_chance_and_answers_in_prompts():
+    f = _first(_run("duplicates", lambda r, s: r.update({"health/dup_groups_unlikely": 6.0})), "duplicates")
+    assert f is not None and f.step == 16
+    assert _run("duplicates", lambda r, s: r.update({"health/dup_groups_unlikely": 1.0})) == []  # one group: chance
+    f = _first(_run("answer_leak", lambda r, s: r.update({"health/answer_in_prompt": 1.0})), "answer_leak")
+    assert f is not None and f.step == 15  # an invariant: at once, over the two steps' prompts
+    # one step of a healthy run that happens to hold many answers (faultbench's worst: 0.53 own, 0.16 chance)
+    assert _run("answer_leak", lambda r, s: r.update({"health/answer_in_prompt": 0.53, "health/answer_in_prompt_chance": 0.16})
+                if s == 15 else None) == []
+    # a task whose notation repeats answers often (0.5 own, 0.3 chance) is not a leak
+    assert _run("answer_leak", lambda r, s: r.update({"health/answer_in_prompt": 0.5,
+                                                      "health/answer_in_prompt_chance": 0.3})) == []
+
+
+# ----------------------------------------------------------------------------- what the diagnosis makes of them
+
+
+def _f(detector: str, rule: str | None = None, step: int = 15, severity: str = "critical") -> Finding:
+    return Finding(detector, detector, severity, step, step, detector, {"rule": rule} if rule else {})
+
+
+@pytest.mark.parametrize("findings,cause", [
+    ([_f("progress", "frozen")], "no_progress"),
+    ([_f("progress", "stalled")], "no_progress"),
+    ([_f("kl_probe", "detached")], "kl_inactive"),
+    ([_f("loss_norm", "coverage")], "loss_norm_bug"),
+    ([_f("answer_leak", "leak")], "answer_leakage"),
+    ([_f("duplicates", "independence")], "sampler_duplicates"),
+    ([_f("sampler_state", "buffers"), _f("logp_floor", "floor", 16)], "rollout_mismatch"),
+])
+def test_each_check_points_at_its_cause(findings, cause):
+    assert diagnose(findings)[0].cause == cause
+
+
+def test_a_forward_that_differs_before_the_update_is_not_a_too_high_lr():
+    # the KL and clipping of a trainer forward that differs from its scoring pass, present before any update
+    hyps = diagnose([_f("forward_mismatch", "pre_update"), _f("kl_explosion", "spike"), _f("clip_saturation")])
+    assert hyps[0].cause == "rollout_mismatch"
+    lr = next(h for h in hyps if h.cause == "lr_too_high")
+    assert lr.contradicted == ("forward_mismatch",)  # lr_too_high predicts no KL before the first step
+
+
+def test_a_mask_over_unsampled_positions_is_not_a_sampler_mismatch():
+    hyps = diagnose([_f("loss_mask", "position"), _f("logp_floor", "floor"), _f("loss_norm", "coverage", 16)])
+    assert hyps[0].cause == "loss_mask_bug" and hyps[0].fit == 1.0  # the mask explains the gap and the normaliser
+    # a sampler mismatch predicts the gap but is ruled out by the mask (its score falls to nothing)
+    assert all(h.cause != "rollout_mismatch" for h in hyps)
+
+
+def test_rewards_on_the_wrong_samples_are_not_noise():
+    hyps = diagnose([_f("reward_linkage", "routed"), _f("reward_noise", "auc")])
+    assert hyps[0].cause == "misaligned_reward"
+    assert all(h.cause != "noisy_reward" for h in hyps[:1])
+
+
+def test_evidence_no_cause_predicts_is_an_unexplained_anomaly_with_the_signals():
+    drift = Finding("param_drift", "param_drift", "warn", 20, 17, "the norm changes +1% per step",
+                    {"health/param_norm": {"value": 35.1, "rate": 0.01}, "rule": "drift"})
+    hyps = diagnose([drift, _f("regression", step=22)])
+    top = hyps[0]
+    assert top.cause == UNEXPLAINED and top.actions == ("halt",)
+    assert "health/param_norm" in top.moved and {e["detector"] for e in top.evidence} == {"param_drift", "regression"}
+    against = diagnose([_f("progress", "against"), _f("entropy_collapse", step=18)])
+    assert against[0].cause == UNEXPLAINED  # entropy alone would be named; the update's direction is not explained
+    assert "progress" in against[1].unexplained and "nearest" in against[0].advice
+
+
+def test_confidence_is_a_probability_that_rises_with_the_fit():
+    from tether.health.diagnosis import compute_confidence
+
+    lo, hi = compute_confidence(0.2, 0.5, 0.2), compute_confidence(1.0, 0.5, 0.2)
+    assert 0.0 < lo < hi < 1.0

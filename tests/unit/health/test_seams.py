@@ -1,0 +1,159 @@
+"""The fault API reaches every seam of the update (pi_old, the normaliser, the loss terms, the
+optimizer, the reference, the trainer's forward, the sampler's buffers), and each progress or
+invariant check fires on a short real run that injects exactly what it guards - and stays quiet
+on the same run without it (tiny random model, 6 steps)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from tether.config import load_config
+from tether.health.faults import Fault
+from tether.recipes.rl import run_rl
+
+pytestmark = pytest.mark.slow
+
+TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=64",
+        "model.tiny.vocab_size=64", "model.tiny.max_position_embeddings=32", "data.task=arith",
+        "data.task_kwargs={digits: 1, ops: ['+', '-', '*']}", "data.train_size=96", "data.eval_size=4",
+        "rollout.n=8", "rollout.problems_per_step=16", "rollout.sampling.max_new_tokens=4", "eval.sampling.max_new_tokens=4",
+        "train.steps=6", "algo.mini_batches=2", "reward.isolation=inline", "eval.problems=4", "eval.samples=1",
+        "checkpoint.every=0", "logging.tensorboard=false", "logging.progress=false", "logging.samples_per_step=0",
+        "run.threads=1",
+        # a random model rarely answers right: a length bonus gives the groups reward variance (a learning signal)
+        "reward.correctness=exact_match",
+        "reward.components=[{name: exact_match, weight: 1.0}, "
+        "{name: 'tether.health.faults.reward:verbosity_bonus', weight: 0.5}]"]
+NEW = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates", "answer_leak",
+       "loss_mask"}
+
+
+class _Buffers(Fault):
+    """The sampler runs a copy whose rotary buffer is scaled, its weights synced every step."""
+
+    name, family, cause = "t_buffers", "system", "rollout_mismatch"
+    severities = {"obvious": {}}
+
+    def on_sampler(self, policy, sampling, step):
+        if not hasattr(self, "_engine"):
+            self._engine = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+            for n, b in self._engine.model.named_buffers():
+                if n.endswith("inv_freq"):
+                    b.mul_(0.5)
+        with torch.no_grad():
+            for pe, p in zip(self._engine.model.parameters(), policy.model.parameters()):
+                pe.copy_(p)
+        self._engine.version = policy.version
+        return self._engine, sampling
+
+
+class _Copies(Fault):
+    """Every group's samples are copies of its first."""
+
+    name, family, cause = "t_copies", "system", "sampler_duplicates"
+    severities = {"obvious": {}}
+
+    def on_rollouts(self, groups, step):
+        return [dataclasses.replace(g, trajectories=tuple(g.trajectories[0] for _ in g.trajectories)) for g in groups]
+
+
+class _RefFollows(Fault):
+    """The reference is the live policy."""
+
+    name, family, cause = "t_ref", "optimisation", "kl_inactive"
+    severities = {"obvious": {}}
+
+    def on_reference(self, ref, policy, step):
+        return policy
+
+
+class _Grads(Fault):
+    """Records what each seam of the update saw (the seams are called, with the right objects)."""
+
+    name, family, cause = "t_grads", "optimisation", "lr_too_high"
+    severities = {"obvious": {}}
+    seen: dict = {}
+
+    def on_old_logp(self, old_BT, batch, step):
+        _Grads.seen["old"] = tuple(old_BT.shape) == tuple(batch.loss_mask_BT.shape)
+        return old_BT
+
+    def on_norm(self, norm, mini, step):
+        _Grads.seen["norm"] = norm.num_tokens == float(mini.loss_mask_BT.sum())
+        return norm
+
+    def on_loss(self, terms, mb, step):
+        _Grads.seen["loss"] = sorted(terms)
+        return terms
+
+    def before_optimizer_step(self, optimizer, scheduler, params, step):
+        _Grads.seen["grads"] = all(p.grad is not None for p in optimizer.param_groups[0]["params"])
+
+
+@pytest.fixture(scope="module")
+def test_faults():
+    mod = types.ModuleType("tether_test_seam_faults")
+    for cls in (_Buffers, _Copies, _RefFollows, _Grads):
+        setattr(mod, cls.__name__, cls)
+    sys.modules[mod.__name__] = mod
+    yield mod.__name__
+    sys.modules.pop(mod.__name__)
+
+
+def _run(tmp_path, fault: str | None, extra: tuple[str, ...] = ()) -> tuple[list[dict], list[dict]]:
+    inject = [f"health.inject=[{{name: {json.dumps(fault)}, severity: obvious, start: 1}}]"] if fault else []
+    run_rl(load_config(None, TINY + list(extra) + inject), tmp_path / "run")
+    events = [json.loads(x) for x in (tmp_path / "run" / "health.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [e for e in events if e.get("kind") == "finding"], rows
+
+
+def _fired(found: list[dict], detector: str) -> dict | None:
+    return next((f for f in found if f["detector"] == detector), None)
+
+
+KL = ("algo.kl.coef=0.1", "train.lr=0.01")  # a KL anchor, and an LR at which the tiny policy moves off it
+
+
+def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
+    found, rows = _run(tmp_path, None, KL)
+    assert not [f for f in found if f["detector"] in NEW], found
+    steps = [r for r in rows if "update/step_ratio" in r]
+    assert len(steps) == 6 and all(r["update/frozen_frac"] == 0.0 and r["update/kl_live"] == 1.0 for r in steps)
+    assert all(abs(r["update/norm_ratio"] - 1.0) < 1e-4 and abs(r["update/kl_pre"]) < 1e-5 for r in steps)
+
+
+@pytest.mark.parametrize("fault,extra,detector,rule", [
+    ("mask_shift", (), "loss_mask", "position"),
+    ("kl_detached", ("algo.kl.coef=0.1",), "kl_probe", "detached"),
+    ("frozen_params", (), "progress", "frozen"),
+    ("norm_wrong", (), "loss_norm", "coverage"),
+    ("trainer_forward_mismatch", (), "forward_mismatch", "pre_update"),
+])
+def test_a_fault_at_an_update_seam_fires_its_check(tmp_path, fault, extra, detector, rule):
+    found, _ = _run(tmp_path, fault, extra)
+    f = _fired(found, detector)
+    # the exact invariants at once; the forward's KL grows with how far the random model's logits are from uniform
+    assert f is not None and f["step"] <= (6 if detector == "forward_mismatch" else 2) and f["evidence"]["rule"] == rule, found
+
+
+@pytest.mark.parametrize("cls,extra,detector", [
+    ("_Buffers", (), "sampler_state"), ("_Copies", (), "duplicates"), ("_RefFollows", KL, "kl_probe"),
+])
+def test_a_fault_at_the_sampler_or_the_reference_fires_its_check(tmp_path, test_faults, cls, extra, detector):
+    found, _ = _run(tmp_path, f"{test_faults}:{cls}", extra)
+    f = _fired(found, detector)
+    assert f is not None and f["step"] <= 6, found
+
+
+def test_every_update_seam_is_called_with_the_update_objects(tmp_path, test_faults):
+    _Grads.seen.clear()
+    _run(tmp_path, f"{test_faults}:_Grads", ("algo.kl.coef=0.1", "algo.mini_batches=1"))  # fused: pi_old scored anyway
+    assert _Grads.seen == {"old": True, "norm": True, "loss": ["entropy", "kl", "pg"], "grads": True}

@@ -272,6 +272,41 @@ ratios say that the recipe runs and overlaps, not what a GPU cluster gains.
 )
 
 
+def read_harness_modes(d):
+    m = d["m"]
+    per, pers = m["modes"]["process_per_episode"], m["modes"]["persistent"]
+    rows = [[name, row["episodes"], f"{row['wall_seconds']:.0f}", f"**{row['episodes_per_s']:.2f}**",
+             f"{row['cpu_seconds_tether']:.0f} / {row['cpu_seconds_agents']:.0f}", row["failed"]]
+            for name, row in (("a process per episode", per), ("persistent (`harness.persistent=true`)", pers))]
+    head = ["agent mode", "episodes", "wall s", "episodes/s", "CPU s: tether / agents", "failed"]
+    ratio = m["persistent_over_process_per_episode"]
+    return {"table": table(head, rows), "ratio": f"{ratio:.1f}", "rounds": m["rounds"],
+            "meets": "at least" if ratio >= 3 else "short of", "problems": m["problems_per_round"],
+            "n": m["samples_per_problem"], "conc": m["concurrency"], "la0": loadavg(m["load_average_at_start"]),
+            "la1": loadavg(m["load_average_at_end"]), "date": m["date_utc"][:10], "cpu": m["cpu"], "cpus": m["cpus"]}
+
+
+HARNESS_MODES = Entry(
+    key="harness-modes", title="Agent harness: persistent agent processes against a process per episode",
+    sources={"m": R + "harness_modes.json"},
+    command="python benchmarks/harness_modes.py",
+    read=read_harness_modes,
+    text="""
+The same agent program (configs/agents/chat_agent.py, the `openai` client's chat API), task
+(configs/reverse.yaml's problems and its tiny model) and machine, side by side: {rounds} rounds of
+one RL step's rollouts ({problems} problems × {n} episodes, {conc} agents at once), the two modes
+alternating round by round so that the machine's load falls on both. A process per episode pays an
+interpreter start and the `openai` import per episode; a persistent process pays them once (its
+first round included here).
+
+{table}
+
+Persistent agents ran **{ratio}×** the episodes per second ({meets} the 3× target).
+{date}, {cpu} with {cpus} cores, load average {la0} at the start and {la1} at the end (1/5/15 min).
+""",
+)
+
+
 def read_make_test(d):
     t = d["t"]
     m = re.search(r"(\d+) passed, (\d+) skipped .* in ([\d.]+) s of pytest .*?; (\d+ min \d+ s) including", t["result"])
@@ -356,4 +391,4 @@ one virtualenv, the same CPU ({cpu}), a machine shared with other work (1-minute
 )
 
 
-ENTRIES = [VS_TRL, VS_TRL_AVX2, HISTORY_ENTRY, GUARD, REFACTOR, CHANGES, DIST, MAKE_TEST]
+ENTRIES = [VS_TRL, VS_TRL_AVX2, HISTORY_ENTRY, GUARD, REFACTOR, CHANGES, DIST, HARNESS_MODES, MAKE_TEST]

@@ -84,11 +84,11 @@ def test_an_episode_on_openenvs_echo_environment(echo_server):
 
 def test_tether_trains_on_openenvs_echo_environment(echo_server, tmp_path):
     from tether.config import load_config
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
     from tether.recipes.rl import run_rl
 
-    model = build_family_model("qwen2", tmp_path / "m", ["echo this message back please"] * 20, hidden_size=32,
-                               intermediate_size=64)
+    model = build_family_model("qwen2", tmp_path / "m", ["echo this message back please"] * 20,
+                               shape=family_shape(hidden_size=32, intermediate_size=64))
     kwargs = {"url": echo_server, "observation_key": "echoed_message", "action_key": "message"}
     cfg = load_config(None, [
         f"model.path={model}", "data.task=openenv", f"data.task_kwargs={json.dumps(kwargs)}", "data.train_size=8",

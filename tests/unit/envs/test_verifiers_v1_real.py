@@ -32,12 +32,12 @@ def _venv():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tether.policy.families import build_family_model
+    from tether.policy.families import build_family_model, family_shape
 
     corpus = ["reverse abc: cba", "reverse hello: olleh", "reverse cat: tac"] * 20
     # verifiers' null harness offers its agent tools (bash, edit): a prompt of ~1.3k tokens with this template
-    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus, hidden_size=32, intermediate_size=64,
-                              max_positions=4096)
+    return build_family_model("qwen2", tmp_path_factory.mktemp("m"), corpus,
+                              shape=family_shape(hidden_size=32, intermediate_size=64, max_position_embeddings=4096))
 
 
 def test_tasks_are_listed_from_the_taskset():

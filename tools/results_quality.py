@@ -216,6 +216,8 @@ HARNESS_CHAT = Entry(
     sources={"c": R + "harness_lift_chat.json"},
     command="python benchmarks/harness_lift.py --chat run.threads=auto",
     read=read_harness_chat,
+    headline="a black-box agent on the official `openai` client's chat API, trained through tether's endpoint with "
+             "persistent agent processes: held-out success {before} → {after} ({lift} points)",
     text="""
 The section above with the agent configs/agents/chat_agent.py, which calls
 `client.chat.completions.create` of the official `openai` package, the task trained through the chat
@@ -254,6 +256,8 @@ TINKER = Entry(
     sources={"t": R + "tinker_lift.json"},
     command="python benchmarks/tinker_lift.py",
     read=read_tinker,
+    headline="tinker-cookbook's RL loop, unchanged but for the base URL, against `tether serve-tinker` on a CPU: "
+             "held-out pass@1 {before} → {after} ({lift} points) in {loop}",
     text="""
 tinker-cookbook's RL loop (ported as benchmarks/tinker_rl_loop.py), unchanged but for the service's
 address, trains a LoRA adapter (rank {rank}) of a tiny model on the reverse task through the `tinker`

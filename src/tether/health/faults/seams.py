@@ -15,6 +15,7 @@ import dataclasses
 import torch
 
 from tether.health.faults import UNEXPLAINED, Fault, register_fault
+from tether.health.faults.optimisation import LRSpike
 
 # ----------------------------------------------------------------------------- credit assignment / loss
 
@@ -173,30 +174,14 @@ class FrozenParams(Fault):
 
 
 @register_fault
-class HiddenLRCrash(Fault):
+class HiddenLRCrash(LRSpike):
     """Every optimizer step runs at `factor` x the configured LR (a scheduler that decays per
-    micro-batch, an LR scaled by a world size of 100); the logged LR shows the configured value."""
+    micro-batch, an LR scaled by a world size of 100); the logged LR shows the configured value.
+    lr_spike's optimizer hooks with a factor below one."""
 
     name, family, cause, seam = "hidden_lr_crash", "optimisation", "no_progress", "optimizer"
+    remediable = False
     severities = {"subtle": {"factor": 0.1}, "obvious": {"factor": 0.01}}
-
-    def install(self, st, cfg, step_fn):
-        saved: list[float] = []
-
-        def pre(opt, args, kwargs):
-            saved.clear()
-            if self.active(step_fn()):
-                for g in opt.param_groups:
-                    saved.append(g["lr"])
-                    g["lr"] = g["lr"] * self.p["factor"]
-
-        def post(opt, args, kwargs):
-            for g, lr in zip(opt.param_groups, saved):
-                g["lr"] = lr
-            saved.clear()
-
-        st.optimizer.register_step_pre_hook(pre)
-        st.optimizer.register_step_post_hook(post)
 
 
 @register_fault

@@ -86,3 +86,21 @@ def test_vllm_backend_refuses_a_filter_it_cannot_report():
     with pytest.raises(ConfigError, match="keep_mask=false"):
         load_config(None, base + ["rollout.sampling.top_k=3"])
     load_config(None, base + ["rollout.sampling.top_k=3", "rollout.sampling.keep_mask=false"])  # on purpose: allowed
+
+
+def test_uniforms_come_from_the_generators_device(monkeypatch):
+    """A run's generator is a CPU one; on a GPU the log-probs are on cuda. torch.rand with a CPU generator and
+    device='cuda' raises, so the uniforms are drawn on the generator's device and moved (make gpu-check's lora
+    part failed this way on an H200). Here the log-probs sit on the meta device, which stands in for cuda."""
+    from tether.policy.sampling import _sample_inverse_cdf
+
+    seen, rand = [], torch.rand
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device"))
+        return rand(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "rand", spy)
+    logp = torch.log_softmax(torch.randn(2, 5), -1).to("meta")
+    tok = _sample_inverse_cdf(logp, torch.Generator().manual_seed(0))
+    assert seen == [torch.device("cpu")] and tok.device.type == "meta" and tok.shape == (2,)

@@ -123,6 +123,7 @@ def read_health_extended(d):
         "rec_o": _f(f["recall_obvious"]), "rec_s": _f(f["recall_subtle"]),
         "top1_t": _f((f.get("tuned") or {}).get("diagnosis_top1")), "top1_h": _f((f.get("held_out") or {}).get("diagnosis_top1")),
         "unexp": _k_of_n(f.get("unexplained_rate_outside"), f.get("outside_detected")),
+        "note": f"\n*This run:* {p['note']}\n" if p.get("note") else "",
     }
 
 
@@ -132,9 +133,10 @@ HEALTH_EXTENDED = Entry(
     command="bash benchmarks/faultbench_extended.sh 16",
     read=read_health_extended,
     # the README's health line once this file exists (tools/gen_results.py HEADLINES: "health-extended")
-    headline="the health layer catches injected training faults (recall {rec_o} obvious / {rec_s} subtle), names the "
-             "cause first in {top1_t} of runs on the faults it was tuned on and {top1_h} on held-out ones, answers "
-             "\"unexplained\" for {unexp} of the faults outside its taxonomy, {fa} false alarms on healthy runs",
+    headline="on {kinds} injected training-fault kinds ({held_kinds} never used in tuning) the health layer's recall "
+             "is {rec_o} (obvious faults) / {rec_s} (subtle); it names the cause first in {top1_t} of runs on the tuned kinds and "
+             "{top1_h} on the held-out ones, answers \"unexplained\" for {unexp} of the faults outside its taxonomy, "
+             "{fa} false alarms on healthy runs",
     text="""
 {kinds} fault kinds: {tuned_kinds} the layer's thresholds, cause predictions and confidence calibration were tuned
 on, and {held_kinds} **held out** — written with the others at the seams of the update, the optimizer, the sampler
@@ -143,6 +145,7 @@ over {seeds} seeds in advise mode, auto mode for the remediable ones, {healthy} 
 with 2 threads and with a KL anchor: {runs} runs of 30 RL steps, {wall} ({cpu_h} CPU-hours in all;
 {date}, {cpu}, {cores} cores, load {la0} before / {la1} after; commit `{commit}`). A fault outside the diagnosis
 taxonomy is diagnosed right only when the answer is "unexplained anomaly".
+{note}
 
 {halves}
 

@@ -64,7 +64,7 @@ def test_the_section_reads_the_halves_reliability_and_blind_spots():
     assert "`loss_sign_flip`" not in values["blind"] and "`mask_shift`" not in values["blind"]
     assert "| outside the taxonomy answered \"unexplained\" | ≥ 0.8 | 0.50 | **missed** |" in text
     headline = rh.HEALTH_EXTENDED.headline.format(**values)
-    assert "0.75 of runs on the faults it was tuned on and — on held-out ones" in headline
+    assert "names the cause first in 0.75 of runs on the tuned kinds and — on the held-out ones" in headline
     assert "\"unexplained\" for 1/2 of the faults outside its taxonomy, 0/4 false alarms" in headline
 
 

@@ -359,7 +359,22 @@ def read_refactor(d):
             "arm_r": f2(r["arm_cpu_check"]["after_over_before_cpu_s"]["trl"]),
             "trl_b": f2(statistics.median(x["trl_s_per_step"] for x in bq["runs"] if x["tree"] == "before")),
             "trl_a": f2(statistics.median(x["trl_s_per_step"] for x in bq["runs"] if x["tree"] == "after")),
-            "tet_b": f2(every["before"]["tether_s_per_step_median"]), "tet_a": f2(every["after"]["tether_s_per_step_median"])}
+            "tet_b": f2(every["before"]["tether_s_per_step_median"]), "tet_a": f2(every["after"]["tether_s_per_step_median"]),
+            **_quiet(r["bench_quick_quiet"])}
+
+
+def _quiet(q):
+    """The quiet-machine rerun of bench-quick (both trees alternating at load ~1)."""
+    m = q["medians"]
+    loads = [float(x["loadavg_start"].split()[0]) for x in q["runs"]] + [float(x["loadavg_end"].split()[0]) for x in q["runs"]]
+    rows = [[x["order"], x["tree"], x["commit"], f3(x["ratio_tether_over_trl"]), f2(x["tether_s_per_step"]), f2(x["trl_s_per_step"]),
+             f"{x['process_tree']['cpu_s']:.0f}", x["loadavg_start"].split()[0] + " → " + x["loadavg_end"].split()[0]] for x in q["runs"]]
+    return {"q_n": sum(x["tree"] == "before" for x in q["runs"]), "q_after": q["runs"][-1]["commit"] if q["runs"][-1]["tree"] == "after"
+            else next(x["commit"] for x in q["runs"] if x["tree"] == "after"),
+            "q_lmax": f"{max(loads):.1f}", "q_b": f3(m["ratio_tether_over_trl"]["before"]), "q_a": f3(m["ratio_tether_over_trl"]["after"]),
+            "q_r": f2(m["ratio_tether_over_trl"]["after_over_before"]), "q_tb": f2(m["tether_s_per_step"]["before"]),
+            "q_ta": f2(m["tether_s_per_step"]["after"]), "q_tr": f2(m["tether_s_per_step"]["after_over_before"]),
+            "q_table": table(["#", "tree", "commit", "tether / TRL", "tether s/step", "TRL s/step", "CPU s (whole run)", "1-min load"], rows)}
 
 
 REFACTOR = Entry(
@@ -383,10 +398,19 @@ one virtualenv, the same CPU ({cpu}), a machine shared with other work (1-minute
   tether's s/step {tet_b} → {tet_a} s ({tet_r}), TRL's {trl_b} → {trl_a} s. The CPU seconds did not
   move: the whole benchmark {cpu_r}, each arm run alone from each tree {arm_t} (tether) and {arm_r} (TRL),
   so TRL's worker waited less for a core when started from the newer tree, for a reason this
-  measurement did not find. On a machine this loaded one run's tether step spread by half; a quiet
-  rerun of both trees would settle the ratio.
+  measurement did not find. On a machine this loaded one run's tether step spread by half.
+- The quiet rerun that settles it: `make bench-quick` in both trees, {q_n} runs each, alternating, on
+  the same CPU at 1-minute load ≤ {q_lmax}, "after" being main at the end of the round ({q_after}):
+  ratio medians before {q_b}, after {q_a} (**{q_r}**); tether s/step {q_tb} → {q_ta} ({q_tr}). Within 5%:
+  the loaded sittings' difference did not reproduce.
+
+The loaded sittings:
 
 {table}
+
+The quiet rerun:
+
+{q_table}
 """,
 )
 

@@ -182,6 +182,20 @@ def _auto_scores(half: dict[str, list[bool]] | None) -> dict[str, Any]:
             "harm_cases": len(harm)}
 
 
+def _healthy_by_seed(ok: list[dict], mode: str) -> dict[int, dict]:
+    """The plain healthy controls (no fault, no variant) of one mode, by seed."""
+    return {r["case"]["seed"]: r for r in ok
+            if r["case"]["fault"] is None and not r["case"].get("variant") and r["case"]["mode"] == mode}
+
+
+def _new_row(case: dict, cls: Any, split: str) -> dict[str, Any]:
+    """An empty per-fault-and-severity row of the results table."""
+    return {"fault": case["fault"], "severity": case["severity"], "family": cls.family if cls else None,
+            "cause": cls.cause if cls else None, "split": split, "remediable": bool(cls and cls.remediable), "runs": 0,
+            "detected": 0, "delays": [], "top1": 0, "top3": 0, "healthy_acc": [], "advise_acc": [], "auto_acc": [],
+            "repaired": [], "harmed": [], "answers": [], "actions": []}
+
+
 def compute_results(records: list[dict], registry: dict, start: int) -> dict[str, Any]:
     """The benchmark's scores from its run records (`registry`: fault name -> class)."""
     from tether.health.faults.split import split_of
@@ -189,9 +203,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
 
     ok = [r for r in records if "error" not in r]
     by = {r["id"]: r for r in ok}
-    healthy = [r for r in ok if r["case"]["fault"] is None and not r["case"].get("variant")]
-    h_adv = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "advise"}
-    h_auto = {r["case"]["seed"]: r for r in healthy if r["case"]["mode"] == "auto"}
+    h_adv, h_auto = _healthy_by_seed(ok, "advise"), _healthy_by_seed(ok, "auto")
     h_scores = [r["final_train_acc"] for r in h_adv.values()]
     delta = max(0.05, 2 * statistics.stdev(h_scores)) if len(h_scores) >= 3 else 0.05
     h_mean = _mean(h_scores)
@@ -210,10 +222,7 @@ def compute_results(records: list[dict], registry: dict, start: int) -> dict[str
         plain_ref = h_adv.get(c["seed"], {}).get("final_train_acc", h_mean)
         own = by.get(case_id(None, None, c["seed"], "advise", BASE_VARIANT + c["fault"]))
         healthy_ref = own["final_train_acc"] if own is not None else plain_ref  # the same config without the fault
-        row = rows.setdefault(f"{c['fault']}/{c['severity']}", {
-            "fault": c["fault"], "severity": c["severity"], "family": family, "cause": cause, "split": split_of(c["fault"]),
-            "remediable": bool(cls and cls.remediable), "runs": 0, "detected": 0, "delays": [], "top1": 0, "top3": 0,
-            "healthy_acc": [], "advise_acc": [], "auto_acc": [], "repaired": [], "harmed": [], "answers": [], "actions": []})
+        row = rows.setdefault(f"{c['fault']}/{c['severity']}", _new_row(c, cls, split_of(c["fault"])))
         row["runs"] += 1
         row["healthy_acc"].append(healthy_ref)
         row["advise_acc"].append(r["final_train_acc"])

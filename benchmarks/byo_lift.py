@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from byo_example import build_example  # noqa: E402
-from harness_lift import _commit, _cpu_name  # noqa: E402
+from harness_lift import _commit, _cpu_name, _write_result  # noqa: E402
 
 FITTED = ("train.lr", "sft.lr", "train.steps", "sft.steps", "rollout.sampling.max_new_tokens", "rollout.max_prompt_tokens")
 
@@ -103,9 +103,7 @@ def main(argv=None) -> None:
         "note": "wall times on a machine shared with other jobs are upper bounds; CPU seconds (the command's own user + "
                 "system time, all threads) do not depend on the load; 2 cores give at most 2 CPU seconds per second",
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    _write_result(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "seeds"}, indent=2))
 
 

@@ -180,15 +180,21 @@ def _commit() -> str | None:
         return None
 
 
+def _write_result(path: str | Path, result: dict) -> Path:
+    """The result file (its folder made), indented JSON with a final newline."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(k, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = measure(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = _write_result(args.out, result)
     _log(f"wrote {out}")
     print(json.dumps(result, indent=2))
 

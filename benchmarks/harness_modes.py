@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from harness_lift import _commit, _cpu_name, _cpu_split  # noqa: E402
+from harness_lift import _commit, _cpu_name, _cpu_split, _write_result  # noqa: E402
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -108,9 +108,7 @@ def main(argv=None) -> None:
                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
                    "note": "the machine is shared: the two modes alternate round by round so that load falls on both; "
                            "wall times are upper bounds, the load averages say how busy it was"})
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    _write_result(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
 
 

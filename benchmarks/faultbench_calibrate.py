@@ -29,13 +29,13 @@ from tether.recipes.faultbench_score import compute_reliability, replay_record
 FEATURES = ("fit", "share", "margin")
 
 
-def collect(out: Path, start: int) -> list[tuple[dict, bool, str]]:
-    """(features of the top candidate, right?, fault) of every detected tuned advise run."""
+def collect(out: Path, start: int, kinds: tuple[str, ...] = TUNED) -> list[tuple[dict, bool, str]]:
+    """(features of the top candidate, right?, fault) of every detected advise run of `kinds`."""
     points = []
     for line in (out / "cases.jsonl").read_text().splitlines():
         rec = json.loads(line)
         fault = rec["case"]["fault"]
-        if not fault or fault not in TUNED or rec["case"]["mode"] != "advise" or "error" in rec:
+        if not fault or fault not in kinds or rec["case"]["mode"] != "advise" or "error" in rec:
             continue
         rec = replay_record(rec, out / "runs" / rec["id"], start)
         if rec.get("first_alarm_step") is None:

@@ -24,7 +24,8 @@ DOWNSTREAM = frozenset({"regression", "accuracy_drop"})
 HALLMARK = 2.0
 # signals only a broken update/trainer forward/loss makes move: an update-size, reward or data
 # cause predicts none of them
-_UPDATE_INTERNALS = ("forward_mismatch", "loss_norm", "kl_probe", "progress:frozen", "progress:against", "loss_mask")
+_UPDATE_INTERNALS = ("forward_mismatch", "loss_norm", "kl_probe", "progress:frozen", "progress:against", "loss_mask",
+                     "grad_memory")
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "the prompt template must not include the target field; check the data preparation's columns"),
     Cause("data_repetition", "data", "the data loader repeats the same problems",
           # the repeated problems can also meet themselves among the fresh ones of a step
-          {"data_shift:repeat": 4, "group_structure:duplicate": 0.5}, ("halt",), "check the loader's epoch/shuffle state"),
+          # repeated problems give alike gradients step after step
+          {"data_shift:repeat": 4, "group_structure:duplicate": 0.5, "grad_memory": 0.5}, ("halt",),
+          "check the loader's epoch/shuffle state"),
     Cause("duplicate_problems", "data", "the loader hands out the same problem several times in one step",
           # copies within a step of problems that are fresh every step: no repeats across steps
           {"group_structure:duplicate": 5}, ("halt",),
@@ -143,7 +146,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           ("enable_is_correction",),
           "align temperature/top-p/top-k, precision and the model's buffers between engine and trainer, and the "
           "trainer's gradient forward with its scoring pass; keep TIS/MIS on",
-          quiet=("loss_mask", "stale_weights:checksum", "loss_norm", "progress:frozen")),
+          # pi_old off while the training forward agrees with the sampler: no forward differs
+          quiet=("loss_mask", "stale_weights:checksum", "loss_norm", "progress:frozen", "forward_mismatch:old_logp",
+                 "grad_memory")),
     Cause("sampler_duplicates", "system", "the sampler returns copies within a group (one seed per prompt)",
           {"duplicates": 6, "entropy_collapse": 0.5}, ("halt",),
           "seed every sample of a group separately (n samples per prompt must be independent draws)"),

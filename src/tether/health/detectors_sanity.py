@@ -165,7 +165,7 @@ class RewardLinkageDetector(Detector):
 
     name, mode, needs_baseline = "reward_linkage", "reward_misalignment", False
     defaults = {"auc": 0.35, "pairs": 20.0, "shift_margin": 0.25, "shift": 0.6, "routed": 0.9, "disagree": 0.1,
-                "routed_k": 3}
+                "routed_k": 2}
 
     def evaluate(self, h, ctx):
         k = int(self.p["routed_k"])

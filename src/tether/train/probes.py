@@ -26,6 +26,15 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
                           weights, ~0 (NaN in fused mode, where pi_old is that forward)
     update/kl_live        1 when the KL term added to the loss carries a gradient to the policy
                           (its coefficient on, KL in the loss), 0 when it does not; absent otherwise
+    update/kl_pre_sampler approx_kl of the first mini-batch's training forward against the sampler's
+                          log-probs of the same tokens (NaN in fused mode and without sampler
+                          log-probs): beside `update/kl_pre` it says which of the three log-prob
+                          sources is the odd one out - a gap between pi_old and a training forward
+                          that agrees with the sampler puts the fault in pi_old, not in a forward
+    update/grad_cos_prev  cosine between the gradient an optimizer step applies and the previous
+                          step's, on a fixed strided sample of <= 256 elements per tensor: gradients
+                          of fresh batches are nearly independent draws; a gradient that carries the
+                          previous ones (not cleared between steps) points the same way step after step
 
 `update/logp_gain` costs one no-grad forward of a few rows after the update (before it, their
 log-probs are pi_old's when it is scored, else - one pass, one mini-batch - the training forward's);
@@ -78,6 +87,31 @@ def compute_logp_progress(before_BT: torch.Tensor, after_BT: torch.Tensor, adv_B
     return {"update/logp_gain": float((a * d).sum() / a.abs().sum()), "update/logp_change": float(d.abs().mean())}
 
 
+SKETCH_PER_TENSOR = 256
+
+
+def compute_grad_sketch(grads: list[torch.Tensor | None], size: int = SKETCH_PER_TENSOR) -> torch.Tensor | None:
+    """A fixed strided sample (<= `size` elements of each tensor, the same positions every step) of
+    the gradients, in float64: cosines between steps' sketches track the gradients' own."""
+    parts = []
+    with torch.no_grad():
+        for g in grads:
+            if g is None:
+                continue
+            g = g.to_local() if hasattr(g, "to_local") else g  # FSDP2: this rank's shard, the same every step
+            flat = g.detach().reshape(-1)
+            parts.append(flat[:: max(1, flat.numel() // size)][:size].double().cpu())
+    return torch.cat(parts) if parts else None
+
+
+def compute_cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    """Cosine of two sketches (NaN when either is missing, empty, zero or of another shape)."""
+    if a is None or b is None or a.shape != b.shape:
+        return float("nan")
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else float("nan")
+
+
 def compute_step_stats(params: list[torch.Tensor], before: list[torch.Tensor], lr: float,
                        grads: list[torch.Tensor | None]) -> dict[str, float]:
     """`update/step_ratio` and `update/frozen_frac` of one optimizer step over `params` (the
@@ -94,6 +128,26 @@ def compute_step_stats(params: list[torch.Tensor], before: list[torch.Tensor], l
     frozen = [bool(s == 0) and push for s, push in zip(sq, pushed)]
     return {"update/step_ratio": math.sqrt(float(sq.sum())) / (lr * math.sqrt(n)),
             "update/frozen_frac": sum(frozen) / len(frozen)}
+
+
+class PreSamplerKL:
+    """`update/kl_pre_sampler`: approx_kl (k3) of the training forward against the sampler's
+    log-probs over the first mini-batch's loss tokens (those with a finite sampler log-prob)."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0.0
+
+    def add(self, logp_BT: torch.Tensor, rollout_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
+        with torch.no_grad():
+            T = min(logp_BT.shape[1], rollout_BT.shape[1])
+            lr = logp_BT[:, :T].double() - rollout_BT[:, :T].double()  # log(pi_train / pi_sampler): approx_kl's form
+            keep = (mask_BT[:, :T] > 0) & torch.isfinite(lr)
+            k3 = torch.where(keep, torch.expm1(lr.clamp(max=20.0)) - lr, torch.zeros_like(lr))
+            self.total += float(k3.sum())
+            self.count += float(keep.sum())
+
+    def result(self) -> float:
+        return self.total / self.count if self.count else float("nan")
 
 
 class NormCheck:

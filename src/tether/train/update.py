@@ -42,7 +42,7 @@ from tether.phase import marks_phase
 from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.lora import adapters_disabled
 from tether.policy.prefix import compute_sequence_logprobs
-from tether.train.probes import (NormCheck, choose_probe_rows, compute_logp_progress, compute_step_stats, fill_probe_rows,
+from tether.train.probes import (NormCheck, PreSamplerKL, compute_cosine, compute_grad_sketch, choose_probe_rows, compute_logp_progress, compute_step_stats, fill_probe_rows,
                                  probe_size)
 from tether.types import TrainBatch
 
@@ -58,6 +58,7 @@ class UpdateState:
     bad_steps_in_a_row: int = 0
     nonfinite_steps: int = 0
     kl_coef: float = 0.0
+    grad_sketch: torch.Tensor | None = None  # the last update's first gradient, sampled (`update/grad_cos_prev`)
 
 
 # Loss terms are already divided by the mini-batch's global denominators: micro-batch values add
@@ -300,6 +301,7 @@ class _Pass:
     stats: dict[str, list[float]] | None
     first: bool = True  # the next mini-batch is the update's first: no optimizer step yet
     pre_kl: float = float("nan")  # approx_kl of the first mini-batch (`update/kl_pre`)
+    pre_sampler: PreSamplerKL = field(default_factory=lambda: PreSamplerKL())  # `update/kl_pre_sampler`
     probe: tuple[torch.Tensor, torch.Tensor] | None = None  # fused: (probe rows, their log-probs, filled by the forward)
 
 
@@ -333,6 +335,8 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
             _run_minibatch(ctx, batch, mini_idx, ps, params)
             faults.before_optimizer_step(optimizer, ctx.scheduler, params)
             grad_norms.append(_step(optimizer, ctx.scheduler, params, train, ctx.state, ps.stats))
+            if ps.first and ps.stats is not None:
+                _note_grad_direction(optimizer, ctx.state, ps.stats)
             ps.first = False
     if dp is not None:
         dp.reduce_metrics(ps.acc)
@@ -372,11 +376,13 @@ def _run_minibatch(ctx: UpdateContext, batch: TrainBatch, mini_idx: torch.Tensor
         old = None if ps.old_all is None else ps.old_all[mini_idx[rows], :T]
         ref = None if ps.ref_all is None else ps.ref_all[mini_idx[rows], :T]
         inert = inert_mask(mb) if skip_here else None
-        sink = [] if ps.probe is not None and ps.first else None
+        sink = [] if ps.first and ps.stats is not None else None  # the first forward's log-probs: probes
         terms, m = compute_loss_terms(ctx.policy, mb, norm, algo, ctx.temperature,
                                       LossInputs(old, ref, ctx.critic, train.pack_sequences, train.share_prefix, inert, sink))
-        if sink:
+        if sink and ps.probe is not None:
             fill_probe_rows(*ps.probe, mini_idx[rows], sink[0])
+        if sink and old is not None:  # the training forward against the sampler, before any optimizer step
+            ps.pre_sampler.add(sink[0], mb.rollout_logp_BT, mb.loss_mask_BT)
         terms = faults.on_loss(terms, mb)  # seam: the micro-batch's loss terms
         if ctx.probes and ref is not None and state.kl_coef > 0:
             m["update/kl_live"] = float("kl" in terms and terms["kl"].requires_grad)
@@ -401,6 +407,21 @@ def _run_minibatch(ctx: UpdateContext, batch: TrainBatch, mini_idx: torch.Tensor
         params[0].grad = torch.full_like(params[0], float("nan"))
     if dp is not None:
         dp.reduce_grads(params)
+
+
+def _note_grad_direction(optimizer, state: UpdateState, stats: dict[str, list[float]]) -> None:
+    """`update/grad_cos_prev`: the gradient the update's first optimizer step applied (still in `.grad`:
+    after the fault seam and clipping; a skipped step left none) against the previous update's
+    first, on their sketches (kept in `state`, so a resumed run measures what it would have). First steps
+    only: later ones of an update re-use its batch (epochs)."""
+    t0 = time.perf_counter()
+    sketch = compute_grad_sketch([p.grad for p in optimizer.param_groups[0]["params"]])
+    cos = compute_cosine(sketch, state.grad_sketch)
+    if cos == cos:
+        stats.setdefault("update/grad_cos_prev", []).append(cos)
+    if sketch is not None:
+        state.grad_sketch = sketch
+    stats.setdefault("time", []).append(time.perf_counter() - t0)
 
 
 def _probe_before(ctx: UpdateContext, batch: TrainBatch, old_all: torch.Tensor | None):
@@ -429,6 +450,7 @@ def _probe_results(ctx: UpdateContext, batch: TrainBatch, probe, ps: _Pass, fuse
     if ps.norms is not None:
         out.update(ps.norms.result())
     out["update/kl_pre"] = float("nan") if fused else ps.pre_kl
+    out["update/kl_pre_sampler"] = float("nan") if fused else ps.pre_sampler.result()
     return out
 
 

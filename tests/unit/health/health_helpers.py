@@ -33,6 +33,7 @@ HEALTHY = {  # signal: (mean, noise std) of a healthy step
     # the update's probes and the invariant signals (what a healthy faultbench run logs)
     "update/step_ratio": (0.26, 0.02), "update/logp_change": (0.15, 0.03), "update/logp_gain": (0.08, 0.04),
     "update/frozen_frac": (0.0, 0.0), "update/norm_ratio": (1.0, 0.0), "update/kl_pre": (0.0, 0.0),
+    "update/kl_pre_sampler": (0.0, 0.0), "update/grad_cos_prev": (0.08, 0.2),
     "health/param_norm": (32.8, 0.002), "health/dup_groups_unlikely": (0.0, 0.0), "health/dup_groups_expected": (0.02, 0.0),
     "health/answer_in_prompt": (0.28, 0.06), "health/answer_in_prompt_chance": (0.12, 0.03),
     "health/buffers_mismatch": (0.0, 0.0), "health/weights_mismatch": (0.0, 0.0),

@@ -12,7 +12,8 @@ from tether.algos import compute_agg_norm
 from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_mask_coverage,
                                       compute_param_norm, compute_reward_routing)
 from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
-from tether.train.probes import NormCheck, choose_probe_rows, compute_logp_progress, compute_step_stats
+from tether.train.probes import (NormCheck, PreSamplerKL, choose_probe_rows, compute_cosine, compute_grad_sketch,
+                                 compute_logp_progress, compute_step_stats)
 from tether.types import Outcome, RewardResult, StopReason, Trajectory, TrajectoryGroup, Turn
 from health_helpers import make_group
 
@@ -172,6 +173,32 @@ def test_step_stats_measure_the_step_against_the_lr_and_spot_frozen_tensors():
     # a zero gradient (no signal, no momentum yet) that moves nothing is not a frozen tensor
     zero = [torch.zeros(4)] * 3
     assert compute_step_stats([a, b, c], [x.detach().clone() for x in (a, b, c)], 0.01, zero)["update/frozen_frac"] == 0.0
+
+
+def test_grad_sketch_takes_the_same_strided_positions_and_cosines_track_the_gradients():
+    g = [torch.arange(1000, dtype=torch.float32).reshape(10, 100), None, torch.tensor([3.0, -4.0])]
+    sk = compute_grad_sketch(g, size=4)
+    # 1000 elements, stride 250: positions 0, 250, 500, 750; the 2-element tensor whole; None skipped
+    assert sk.tolist() == [0.0, 250.0, 500.0, 750.0, 3.0, -4.0] and sk.dtype == torch.float64
+    assert compute_cosine(sk, sk) == pytest.approx(1.0) and compute_cosine(sk, -sk) == pytest.approx(-1.0)
+    a, b = torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64)
+    assert compute_cosine(a, b) == pytest.approx(1 / math.sqrt(2))
+    # nothing to compare: no previous sketch, another shape, an all-zero gradient
+    assert math.isnan(compute_cosine(a, None)) and math.isnan(compute_cosine(a, sk))
+    assert math.isnan(compute_cosine(a, torch.zeros(2, dtype=torch.float64)))
+    assert compute_grad_sketch([None]) is None
+
+
+def test_pre_sampler_kl_is_k3_over_the_loss_tokens_with_a_sampler_logprob():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -1.0]])
+    rollout = torch.tensor([[-1.0, -2.5, float("nan")], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    kl = PreSamplerKL()
+    kl.add(logp, rollout, mask)
+    # tokens kept: row 0 positions 0 and 1 (position 2 has no sampler log-prob, row 1 is masked)
+    # log r = logp - rollout = 0 and 0.5: k3 = (e^0 - 1 - 0) + (e^0.5 - 1 - 0.5), over 2 tokens
+    assert kl.result() == pytest.approx((math.exp(0.5) - 1.5) / 2)
+    assert math.isnan(PreSamplerKL().result())
 
 
 def test_norm_check_is_one_when_every_token_counts_once_and_sees_a_wrong_normaliser():

@@ -20,7 +20,7 @@ def _run(detector: str, change=None, start: int = 15, n: int = 30, seed: int = 0
 
 
 DETECTORS = ("progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates",
-             "answer_leak")
+             "answer_leak", "grad_memory")
 
 
 @pytest.mark.parametrize("detector", DETECTORS)
@@ -63,15 +63,43 @@ def test_kl_probe_detached_and_flat():
 
 
 def test_forward_mismatch_and_loss_norm_and_sampler_state_are_exact():
-    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.005})), "forward_mismatch")
+    # a training forward that differs from the scoring pass differs from the sampler as much
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.005, "update/kl_pre_sampler": 0.005})),
+               "forward_mismatch")
     assert f.step == 16 and f.evidence["rule"] == "pre_update"  # 2 of 3 steps
-    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.05})), "forward_mismatch")
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.05, "update/kl_pre_sampler": 0.05})),
+               "forward_mismatch")
     assert f.step == 15 and f.severity == "critical"  # past 20x the bound: at once
     assert _run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 1e-6})) == []  # numerics
     f = _first(_run("loss_norm", lambda r, s: r.update({"update/norm_ratio": 1.25})), "loss_norm")
     assert f.step == 15 and f.severity == "critical"
     f = _first(_run("sampler_state", lambda r, s: r.update({"health/buffers_mismatch": 1.0})), "sampler_state")
     assert f.step == 15 and "parameters match" in f.message
+
+
+def test_pi_old_as_the_odd_one_out():
+    # pi_old 0.05 nats from the training forward, which agrees with the sampler: the old log-probs are wrong
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.05, "update/kl_pre_sampler": 1e-13})),
+               "forward_mismatch")
+    assert f.step == 15 and f.evidence["rule"] == "old_logp" and "pi_old" in f.message
+    # the training forward differs from both (a trainer-only layer): the forwards differ
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.05, "update/kl_pre_sampler": 0.05})),
+               "forward_mismatch")
+    assert f.evidence["rule"] == "pre_update"
+    # no sampler log-probs (NaN): the rule cannot tell, the forwards are blamed as before
+    f = _first(_run("forward_mismatch", lambda r, s: r.update({"update/kl_pre": 0.05, "update/kl_pre_sampler": float("nan")})),
+               "forward_mismatch")
+    assert f.evidence["rule"] == "pre_update"
+
+
+def test_gradients_carried_over_between_steps():
+    f = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.97})), "grad_memory")
+    assert f is not None and f.step <= 17 and f.severity == "critical" and f.evidence["rule"] == "carryover"  # a 3-step mean
+    half = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.7})), "grad_memory")
+    assert half is not None and half.severity == "warn" and half.step <= 18  # persists 2 steps
+    # a high-but-healthy level (0.4) and one outlier step are not a carry-over
+    assert _run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.4})) == []
+    assert _run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.95}) if s == 20 else None) == []
 
 
 def test_param_drift_one_way_every_step():
@@ -134,6 +162,18 @@ def test_rewards_on_the_wrong_samples_are_not_noise():
     hyps = diagnose([_f("reward_linkage", "routed"), _f("reward_noise", "auc")])
     assert hyps[0].cause == "misaligned_reward"
     assert all(h.cause != "noisy_reward" for h in hyps[:1])
+
+
+def test_a_wrong_pi_old_and_a_carried_gradient_are_not_named_after_their_consequences():
+    # pi_old's rows off: the ratio's KL and clipping, a sampler-vs-pi_old gap - but the forwards agree
+    hyps = diagnose([_f("forward_mismatch", "old_logp"), _f("logp_gap"), _f("logp_floor"), _f("kl_explosion", "spike"),
+                     _f("update_size")])
+    assert hyps[0].cause == UNEXPLAINED
+    assert "forward_mismatch" in next(h for h in hyps if h.cause == "rollout_mismatch").contradicted
+    # gradients accumulated across steps: the update grows like a too-high LR's, which the carry-over rules out
+    hyps = diagnose([_f("grad_memory", "carryover"), _f("grad_spike"), _f("kl_explosion", "spike", 16), _f("param_drift", "drift", 17)])
+    assert hyps[0].cause == UNEXPLAINED
+    assert "grad_memory" in next(h for h in hyps if h.cause == "lr_too_high").contradicted
 
 
 def test_evidence_no_cause_predicts_is_an_unexplained_anomaly_with_the_signals():

@@ -139,8 +139,9 @@ HEALTH_EXTENDED = Entry(
              "{fa} false alarms on healthy runs",
     text="""
 {kinds} fault kinds: {tuned_kinds} the layer's thresholds, cause predictions and confidence calibration were tuned
-on, and {held_kinds} **held out** — written with the others at the seams of the update, the optimizer, the sampler
-and the reward, never run while tuning, scored only here (tether/health/faults/split.py). Each at two severities
+on, and {held_kinds} **held out** — written by another hand once the tuning was done (tether/health/faults/fresh.py,
+each modelled on a bug reported against a peer framework), not run by the hand that tunes the layer before this
+scoring (tether/health/faults/split.py, which also records the split's history). Each at two severities
 over {seeds} seeds in advise mode, auto mode for the remediable ones, {healthy} healthy seeds in both modes and again
 with 2 threads and with a KL anchor: {runs} runs of 30 RL steps, {wall} ({cpu_h} CPU-hours in all;
 {date}, {cpu}, {cores} cores, load {la0} before / {la1} after; commit `{commit}`). A fault outside the diagnosis

@@ -1,0 +1,246 @@
+"""The third held-out fault set (tether.health.faults.fresh3): each hook corrupts exactly what its
+docstring says at both severities, and passes its input through before the fault's start step.
+No training run (the faults' effect on a real run is measured with `tether faultbench`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from tether.config import TetherConfig
+from tether.health.faults import UNEXPLAINED, FaultSet, get_fault_class, load_fault_plugins
+from tether.policy.hf import HFPolicy
+from tether.settings import RunSettings
+from tether.types import TrainBatch
+from health_helpers import make_group
+
+FRESH3 = ("reward_silent_timeout", "old_logp_neg_inf", "grad_garbage_rows", "advantage_credit_cut",
+          "ratio_vs_reference", "prompt_symbols_stripped", "sampler_dropout", "weights_revert")
+
+
+class _St:
+    """The parts of a run state the seams read; computing step `step + 1`."""
+
+    def __init__(self, step: int = 14, policy=None) -> None:
+        self.step, self.policy, self.settings = step, policy, RunSettings(TetherConfig())
+
+
+def _fault(name: str, severity: str = "obvious", start: int = 15):
+    return get_fault_class(name)(severity, start)
+
+
+def _before_and_after(name: str, severity: str, policy=None) -> tuple[FaultSet, _St]:
+    """A FaultSet whose fault starts at step 15, its state computing step 14 (before the start)."""
+    st = _St(13, policy)
+    return FaultSet([_fault(name, severity)], st), st
+
+
+def test_the_fresh3_kinds_are_registered_with_labels_in_the_taxonomy_or_outside_it():
+    from tether.health.diagnosis import CAUSES
+    from tether.health.faults import fresh3
+
+    reg = load_fault_plugins()
+    assert sorted(n for n, c in reg.items() if c.__module__ == fresh3.__name__) == sorted(FRESH3)
+    causes = [reg[n].cause for n in FRESH3]
+    assert all(c in CAUSES or c == UNEXPLAINED for c in causes) and causes.count(UNEXPLAINED) == 3
+    assert {reg[n].family for n in FRESH3 if reg[n].cause != UNEXPLAINED} == {
+        "reward", "optimisation", "credit_assignment", "data", "system"}
+    assert all(set(reg[n].severities) == {"subtle", "obvious"} and reg[n].__doc__ for n in FRESH3)
+
+
+# ----------------------------------------------------------------------------- reward
+
+
+@pytest.mark.parametrize("severity,lo,hi", [("subtle", 0.15, 0.45), ("obvious", 0.8, 0.98)])
+def test_reward_silent_timeout_zeroes_a_fraction_of_samples_without_an_error(severity, lo, hi):
+    groups = [make_group(f"t{i}", (1, 2), [1.0, 0, 1.0, 0.0], [True, False, True, False]) for i in range(60)]
+    fs, st = _before_and_after("reward_silent_timeout", severity)
+    assert fs.end_rollout(groups) == groups  # before its start
+    st.step = 14
+    out = fs.end_rollout(groups)
+    hit = [t for g in out for t in g.trajectories if t.reward.total == 0.0 and t.reward.correct is False]
+    paid = [t for g in out for t in g.trajectories if t.reward.correct]
+    assert all(t.reward.total == 1.0 and t.reward.components["exact_match"] == 1.0 for t in paid)  # untouched
+    zeroed = 120 - len(paid)  # of the 120 correct samples
+    assert lo < zeroed / 120 < hi
+    assert all(t.reward.components["exact_match"] == 0.0 and t.reward.outcome.name == "OK" for t in hit)
+    assert [g.task_id for g in out] == [g.task_id for g in groups]
+
+
+# ----------------------------------------------------------------------------- optimisation
+
+
+def _batch() -> TrainBatch:
+    mask = torch.zeros(3, 6)
+    mask[0, 2:5], mask[1, 2:4], mask[2, 3:6] = 1, 1, 1
+    adv = mask * torch.tensor([1.0, -2.0, 0.5])[:, None]
+    z = torch.zeros(3, 6)
+    return TrainBatch(torch.zeros(3, 6, dtype=torch.long), torch.ones(3, 6, dtype=torch.bool), mask, z, adv,
+                      torch.tensor([0, 0, 1]), torch.arange(3))
+
+
+@pytest.mark.parametrize("severity,lo,hi", [("subtle", 0.0, 0.006), ("obvious", 0.02, 0.04)])
+def test_old_logp_neg_inf_puts_minus_inf_on_a_fraction_of_loss_tokens_only(severity, lo, hi):
+    mask = (torch.rand(64, 200, generator=torch.Generator().manual_seed(0)) < 0.5).float()
+    b = dataclasses.replace(_batch(), loss_mask_BT=mask)
+    old = torch.full((64, 200), -0.7)
+    fs, st = _before_and_after("old_logp_neg_inf", severity)
+    assert fs.on_old_logp(old, b) is old
+    st.step = 14
+    out = fs.on_old_logp(old, b)
+    inf = torch.isneginf(out)
+    assert not (inf & (mask == 0)).any() and torch.equal(out[~inf], old[~inf])
+    assert lo <= float(inf.sum()) / float(mask.sum()) < hi and (severity == "subtle" or inf.any())
+
+
+@pytest.mark.parametrize("severity,p,scale", [("subtle", 0.03, 1.0), ("obvious", 0.3, 10.0)])
+def test_grad_garbage_rows_replaces_a_fraction_of_matrix_rows_with_garbage(severity, p, scale):
+    params = [torch.nn.Parameter(torch.zeros(400, 8)), torch.nn.Parameter(torch.zeros(8))]
+    for q in params:
+        q.grad = torch.ones_like(q)
+    fs, st = _before_and_after("grad_garbage_rows", severity)
+    fs.before_optimizer_step(None, None, params)
+    assert all(bool((q.grad == 1).all()) for q in params)  # before its start
+    st.step = 14
+    fs.before_optimizer_step(None, None, params)
+    g = params[0].grad
+    changed = (g != 1).any(-1)
+    assert bool((g[~changed] == 1).all()) and bool((params[1].grad == 1).all())  # vectors keep theirs
+    assert abs(float(changed.float().mean()) - p) < 0.5 * p + 0.02
+    junk = g[changed]
+    assert torch.isfinite(junk).all() and 0.7 * scale < float(junk.std()) < 1.3 * scale  # gradient RMS is 1
+
+
+# ----------------------------------------------------------------------------- credit assignment
+
+
+def test_advantage_credit_cut_keeps_only_the_first_response_token_of_each_row():
+    b = _batch()
+    fs, st = _before_and_after("advantage_credit_cut", "obvious")
+    assert fs.on_batch(b) is b
+    st.step = 14
+    out = fs.on_batch(b)
+    want = torch.zeros(3, 6)
+    want[0, 2], want[1, 2], want[2, 3] = 1.0, -2.0, 0.5
+    assert torch.equal(out.advantages_BT, want)
+    assert torch.equal(out.loss_mask_BT, b.loss_mask_BT) and torch.equal(out.rollout_logp_BT, b.rollout_logp_BT)
+
+
+def test_advantage_credit_cut_subtle_cuts_a_fraction_of_rows():
+    mask = torch.zeros(200, 6)
+    mask[:, 1:5] = 1
+    b = dataclasses.replace(_batch(), loss_mask_BT=mask, advantages_BT=mask.clone())
+    out = _fault("advantage_credit_cut", "subtle").on_batch(b, 15)
+    cut = out.advantages_BT.sum(-1) == 1  # one token of credit left
+    assert 0.25 < float(cut.float().mean()) < 0.55
+    assert bool((out.advantages_BT[~cut] == mask[~cut]).all()) and bool((out.advantages_BT[cut, 1] == 1).all())
+
+
+def _tiny_llama(fill: float | None = None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=32, vocab_size=32, max_position_embeddings=16)
+    model = LlamaForCausalLM(cfg)
+    if fill is not None:
+        with torch.no_grad():
+            for q in model.parameters():
+                q.fill_(fill)
+    return HFPolicy(model, None, (0,), 0)
+
+
+@pytest.mark.parametrize("severity", ["subtle", "obvious"])
+def test_ratio_vs_reference_puts_the_start_weights_log_probs_in_pi_olds_place(severity):
+    from tether.train.update import compute_batch_logprobs
+
+    pol = _tiny_llama()
+    ids = torch.randint(1, 32, (40, 6), generator=torch.Generator().manual_seed(1))
+    b = dataclasses.replace(_batch(), input_ids_BT=ids, attention_mask_BT=torch.ones(40, 6, dtype=torch.bool),
+                            loss_mask_BT=torch.ones(40, 6), rollout_logp_BT=torch.zeros(40, 6),
+                            advantages_BT=torch.zeros(40, 6), seq_group_B=torch.arange(40), seq_traj_B=torch.arange(40))
+    cfg = TetherConfig()
+    ref = compute_batch_logprobs(pol, b, cfg.rollout.sampling.temperature, cfg.train.micro_batch_tokens)
+    fs, st = _before_and_after("ratio_vs_reference", severity, pol)
+    with torch.no_grad():
+        for q in pol.model.parameters():
+            q.add_(0.05)  # the policy moves after the faults were set up; the reference does not
+    old = compute_batch_logprobs(pol, b, cfg.rollout.sampling.temperature, cfg.train.micro_batch_tokens)
+    assert fs.on_old_logp(old, b) is old
+    st.step = 14
+    out = fs.on_old_logp(old, b)
+    swapped = [bool(torch.allclose(out[i], ref[i], atol=1e-5)) for i in range(40)]
+    kept = [bool(torch.equal(out[i], old[i])) for i in range(40)]
+    assert all(s != k for s, k in zip(swapped, kept))  # each row is pi_old's or the reference's
+    assert not torch.allclose(old, ref, atol=1e-3)
+    assert sum(swapped) == 40 if severity == "obvious" else 8 <= sum(swapped) <= 26
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("severity,want", [("subtle", ["34=", "3+4=", "3-4=", "ab="]),
+                                            ("obvious", ["34", "34", "34", "a_b"])])
+def test_prompt_symbols_stripped_removes_the_cleaners_characters_from_prompts_only(severity, want):
+    probs = [{"id": i, "prompt": p, "answer": "7"} for i, p in enumerate(["3*4=", "3+4=", "3-4=", "`a_b`="])]
+    fs, st = _before_and_after("prompt_symbols_stripped", severity)
+    assert fs.begin_rollout(probs, None)[0] == probs
+    st.step = 14
+    out = fs.begin_rollout(probs, None)[0]
+    assert [p["prompt"] for p in out] == want and [(p["id"], p["answer"]) for p in out] == [(i, "7") for i in range(4)]
+
+
+# ----------------------------------------------------------------------------- system
+
+
+def _logits(policy, ids):
+    with torch.no_grad():
+        return policy.model(ids).logits
+
+
+@pytest.mark.parametrize("severity,p", [("subtle", 0.05), ("obvious", 0.3)])
+def test_sampler_dropout_runs_the_engine_on_current_weights_with_dropout(severity, p):
+    pol = _tiny_llama()
+    ids = torch.randint(1, 32, (2, 5), generator=torch.Generator().manual_seed(2))
+    fs, st = _before_and_after("sampler_dropout", severity, pol)
+    fs.begin_rollout([], None)
+    assert st.policy is pol
+    fs.end_rollout([])
+    st.step, pol.version = 14, 7
+    clean = _logits(pol, ids)
+    fs.begin_rollout([], None)
+    engine = st.policy
+    noisy = _logits(engine, ids)
+    fs.end_rollout([])
+    assert st.policy is pol and engine is not pol and engine.version == 7
+    assert torch.equal(_logits(pol, ids), clean)  # the trainer's forward is untouched
+    assert not torch.allclose(noisy, clean, atol=1e-4)
+    hooked = [n for n, m in engine.model.named_modules() if m._forward_hooks]
+    assert hooked == [f"model.layers.{i}.{s}" for i in range(2) for s in ("self_attn", "mlp")]
+    kept = fs.faults[0]._drop(None, (), torch.ones(20000))  # the hook: drop at rate p, scale the rest by 1/(1-p)
+    assert abs(float((kept == 0).float().mean()) - p) < 0.02 and math.isclose(float(kept.max()), 1 / (1 - p), rel_tol=1e-5)
+    with torch.no_grad():
+        pol.model.lm_head.weight.add_(1.0)  # the trainer moves; the next sync carries it
+    st.step = 15
+    fs.begin_rollout([], None)
+    assert torch.equal(st.policy.model.lm_head.weight, pol.model.lm_head.weight)
+    fs.end_rollout([])
+
+
+@pytest.mark.parametrize("severity,reverts", [("subtle", [15]), ("obvious", [15, 19, 23])])
+def test_weights_revert_reloads_the_starting_weights_at_restarts(severity, reverts):
+    pol = _tiny_llama(fill=0.5)
+    fs, st = _before_and_after("weights_revert", severity, pol)
+    seen = []
+    for step in range(14, 26):  # computing steps 14 .. 25
+        st.step = step - 1
+        with torch.no_grad():
+            pol.model.lm_head.weight.add_(1.0)  # the last step's update
+        fs.begin_step()
+        if bool((pol.model.lm_head.weight == 0.5).all()):
+            seen.append(step)
+    assert seen == reverts and getattr(fs.faults[0], "reverts", []) == reverts
+    assert all(bool((q == 0.5).all()) for n, q in pol.model.named_parameters() if "lm_head" not in n)

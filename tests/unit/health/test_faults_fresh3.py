@@ -17,8 +17,8 @@ from tether.settings import RunSettings
 from tether.types import TrainBatch
 from health_helpers import make_group
 
-FRESH3 = ("reward_silent_timeout", "old_logp_neg_inf", "grad_garbage_rows", "advantage_credit_cut",
-          "ratio_vs_reference", "prompt_symbols_stripped", "sampler_dropout", "weights_revert")
+FRESH3 = ("reward_silent_timeout", "old_logp_nan", "grad_garbage_rows", "advantage_credit_cut",
+          "ratio_vs_reference", "prompt_symbols_stripped", "sampler_dropout", "token_ids_shifted")
 
 
 class _St:
@@ -83,20 +83,20 @@ def _batch() -> TrainBatch:
 
 
 @pytest.mark.parametrize("severity,lo,hi", [("subtle", 0.0, 0.006), ("obvious", 0.02, 0.04)])
-def test_old_logp_neg_inf_puts_minus_inf_on_a_fraction_of_loss_tokens_only(severity, lo, hi):
+def test_old_logp_nan_puts_nan_on_a_fraction_of_loss_tokens_only(severity, lo, hi):
     mask = (torch.rand(64, 200, generator=torch.Generator().manual_seed(0)) < 0.5).float()
     b = dataclasses.replace(_batch(), loss_mask_BT=mask)
     old = torch.full((64, 200), -0.7)
-    fs, st = _before_and_after("old_logp_neg_inf", severity)
+    fs, st = _before_and_after("old_logp_nan", severity)
     assert fs.on_old_logp(old, b) is old
     st.step = 14
     out = fs.on_old_logp(old, b)
-    inf = torch.isneginf(out)
+    inf = torch.isnan(out)
     assert not (inf & (mask == 0)).any() and torch.equal(out[~inf], old[~inf])
     assert lo <= float(inf.sum()) / float(mask.sum()) < hi and (severity == "subtle" or inf.any())
 
 
-@pytest.mark.parametrize("severity,p,scale", [("subtle", 0.03, 1.0), ("obvious", 0.3, 10.0)])
+@pytest.mark.parametrize("severity,p,scale", [("subtle", 0.03, 1.0), ("obvious", 0.6, 10.0)])
 def test_grad_garbage_rows_replaces_a_fraction_of_matrix_rows_with_garbage(severity, p, scale):
     params = [torch.nn.Parameter(torch.zeros(400, 8)), torch.nn.Parameter(torch.zeros(8))]
     for q in params:
@@ -201,7 +201,7 @@ def _logits(policy, ids):
         return policy.model(ids).logits
 
 
-@pytest.mark.parametrize("severity,p", [("subtle", 0.05), ("obvious", 0.3)])
+@pytest.mark.parametrize("severity,p", [("subtle", 0.05), ("obvious", 0.5)])
 def test_sampler_dropout_runs_the_engine_on_current_weights_with_dropout(severity, p):
     pol = _tiny_llama()
     ids = torch.randint(1, 32, (2, 5), generator=torch.Generator().manual_seed(2))
@@ -230,17 +230,22 @@ def test_sampler_dropout_runs_the_engine_on_current_weights_with_dropout(severit
     fs.end_rollout([])
 
 
-@pytest.mark.parametrize("severity,reverts", [("subtle", [15]), ("obvious", [15, 19, 23])])
-def test_weights_revert_reloads_the_starting_weights_at_restarts(severity, reverts):
-    pol = _tiny_llama(fill=0.5)
-    fs, st = _before_and_after("weights_revert", severity, pol)
-    seen = []
-    for step in range(14, 26):  # computing steps 14 .. 25
-        st.step = step - 1
-        with torch.no_grad():
-            pol.model.lm_head.weight.add_(1.0)  # the last step's update
-        fs.begin_step()
-        if bool((pol.model.lm_head.weight == 0.5).all()):
-            seen.append(step)
-    assert seen == reverts and getattr(fs.faults[0], "reverts", []) == reverts
-    assert all(bool((q == 0.5).all()) for n, q in pol.model.named_parameters() if "lm_head" not in n)
+@pytest.mark.parametrize("severity", ["subtle", "obvious"])
+def test_token_ids_shifted_moves_response_ids_up_by_one_within_the_vocabulary(severity):
+    from types import SimpleNamespace
+
+    ids = torch.arange(400 * 6).reshape(400, 6) % 6  # ids 0..5 in every row
+    mask = torch.zeros(400, 6)
+    mask[:, 2:] = 1  # the response: positions 2..5 (ids 2, 3, 4, 5)
+    b = dataclasses.replace(_batch(), input_ids_BT=ids, loss_mask_BT=mask, attention_mask_BT=torch.ones(400, 6, dtype=torch.bool),
+                            rollout_logp_BT=torch.zeros(400, 6), advantages_BT=mask.clone())
+    pol = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=6)))
+    fs, st = _before_and_after("token_ids_shifted", severity, pol)
+    assert fs.on_batch(b) is b
+    st.step = 14
+    out = fs.on_batch(b)
+    hit = (out.input_ids_BT != ids).any(-1)
+    assert torch.equal(out.input_ids_BT[hit], torch.tensor([0, 1, 3, 4, 5, 5]).expand(int(hit.sum()), 6))  # 5 + 1 leaves the vocabulary
+    assert torch.equal(out.input_ids_BT[~hit], ids[~hit])
+    assert bool(hit.all()) if severity == "obvious" else 0.15 < float(hit.float().mean()) < 0.35
+    assert torch.equal(out.advantages_BT, b.advantages_BT) and torch.equal(out.loss_mask_BT, mask)

@@ -5,10 +5,10 @@ in its docstring) and acts at one seam of the fault API. They were written witho
 the health layer detects or diagnoses them, and never used to tune it; the effect of each on
 training (accuracy, reward) was checked once against a healthy control, nothing else.
 
-taxonomy    reward_silent_timeout (reward: noisy_reward), old_logp_neg_inf (optimisation:
+taxonomy    reward_silent_timeout (reward: noisy_reward), old_logp_nan (optimisation:
             numerical_instability), advantage_credit_cut (credit_assignment: advantage_bug),
             prompt_symbols_stripped (data: data_corruption), sampler_dropout (system: rollout_mismatch)
-outside     weights_revert (system), grad_garbage_rows (optimisation), ratio_vs_reference
+outside     token_ids_shifted (system), grad_garbage_rows (optimisation), ratio_vs_reference
             (credit_assignment): `cause = UNEXPLAINED`, no cause of the taxonomy describes their mechanism
 """
 
@@ -65,21 +65,23 @@ class RewardSilentTimeout(Fault):
 
 
 @register_fault
-class OldLogpNegInf(Fault):
-    """pi_old's scoring pass returns -inf for some sampled tokens: it applies a logit mask the
-    sampler did not (vocabulary padding or a "bad words" mask), and a -inf sentinel reaches the
-    importance ratio exp(logp - old) = inf (open-instruct PR#1817: an invalid-logprob sentinel
-    where `-inf - -inf = nan`; trl#7221: `0 * -inf` NaNs in the loss). `p`: the fraction of the
-    batch's loss tokens hit. Label numerical_instability: the loss and gradient go non-finite on
-    the steps a hit lands on. Not remediable: a lower LR does not remove the -inf."""
+class OldLogpNaN(Fault):
+    """pi_old's scoring pass returns NaN for some sampled tokens: it marks tokens it cannot score
+    (vocabulary padding, a "bad words" logit mask the sampler did not apply) with a -inf
+    sentinel, and the log-softmax of a row whose logits are all masked, or a later
+    `-inf - -inf`, turns it into NaN (open-instruct PR#1817: an invalid-logprob sentinel where
+    `-inf - -inf = nan`; trl#7221: `0 * -inf` NaNs in the loss). A log-ratio clamp does not stop
+    NaN (slime PR#2198). `p`: the fraction of the batch's loss tokens hit. Label
+    numerical_instability: the loss and gradient go non-finite on the steps a hit lands on. Not
+    remediable: a lower LR does not remove the NaN."""
 
-    name, family, cause, seam = "old_logp_neg_inf", "optimisation", "numerical_instability", "old_logp"
+    name, family, cause, seam = "old_logp_nan", "optimisation", "numerical_instability", "old_logp"
     severities = {"subtle": {"p": 0.002}, "obvious": {"p": 0.03}}
 
     def on_old_logp(self, old_BT, batch, step):
-        gen = _generator(self, step, "neginf")
+        gen = _generator(self, step, "nan")
         hit = (torch.rand(old_BT.shape, generator=gen) < self.p["p"]).to(old_BT.device) & (batch.loss_mask_BT > 0)
-        return old_BT.masked_fill(hit, float("-inf"))
+        return old_BT.masked_fill(hit, float("nan"))
 
 
 @register_fault
@@ -93,7 +95,7 @@ class GradGarbageRows(Fault):
     non-finite, but part of it points nowhere the loss asked for."""
 
     name, family, cause, seam = "grad_garbage_rows", "optimisation", UNEXPLAINED, "optimizer"
-    severities = {"subtle": {"p": 0.03, "scale": 1.0}, "obvious": {"p": 0.3, "scale": 10.0}}
+    severities = {"subtle": {"p": 0.03, "scale": 1.0}, "obvious": {"p": 0.6, "scale": 10.0}}
 
     def before_optimizer_step(self, optimizer, scheduler, params, step):
         self._calls = getattr(self, "_calls", 0) + 1
@@ -209,7 +211,7 @@ class SamplerDropout(Fault):
     importance correction reweights the samples but the engine keeps sampling a noisy policy."""
 
     name, family, cause, seam = "sampler_dropout", "system", "rollout_mismatch", "sampler"
-    severities = {"subtle": {"p": 0.05}, "obvious": {"p": 0.3}}
+    severities = {"subtle": {"p": 0.05}, "obvious": {"p": 0.5}}
 
     def on_sampler(self, policy, sampling, step):
         if not hasattr(self, "_engine"):
@@ -233,25 +235,25 @@ class SamplerDropout(Fault):
 
 
 @register_fault
-class WeightsRevert(Fault):
-    """The trainer's weights are reloaded from the run's starting checkpoint while the optimizer
-    state, the scheduler and the step counter carry on: a restart path that loads the base
-    weights and then skips (or fails silently on) the checkpoint's weights (prime-rl#1346 "we
-    load the base weights and then the checkpoint weights", a resume path where the second load
-    is what makes it right). `subtle`: one restart at the fault's first step; `obvious`: a
-    restart every `every` steps (a preempted job that keeps being restarted). Outside the
-    taxonomy: the weights jump back outside the optimizer, with nothing wrong in the data,
-    rewards or update; the learning between restarts is real and then lost."""
+class TokenIdsShifted(Fault):
+    """The trainer gets the sampled response through a vocabulary map that differs from the
+    engine's by one added token: every response id at or above the added token's position is
+    one higher in the trainer's batch than the id the engine sampled (vllm#32228: engine token
+    ids that the tokenizer maps elsewhere; SkyRL#123 and trl PR#5238: trainers that re-derive
+    ids instead of taking the engine's). The rewards, the advantages and the sampler's
+    log-probs belong to the sampled tokens; the loss raises the probability of the shifted
+    ones. `subtle`: the rows of one engine replica (a fraction `p`); `obvious`: all rows. Ids
+    whose shift would leave the vocabulary keep theirs. Outside the taxonomy: the sampler's and
+    the trainer's forwards are the same function on the same weights; it is the tokens the
+    trainer is handed that differ from the sampled ones."""
 
-    name, family, cause, seam = "weights_revert", "system", UNEXPLAINED, "weights"
-    severities = {"subtle": {"every": 0}, "obvious": {"every": 4}}
+    name, family, cause, seam = "token_ids_shifted", "system", UNEXPLAINED, "batch"
+    severities = {"subtle": {"p": 0.25, "at": 0}, "obvious": {"p": 1.0, "at": 0}}
 
-    def install(self, st, cfg, step_fn):
-        self._start_weights = {k: v.detach().clone() for k, v in st.policy.model.state_dict().items()}
-
-    def begin_step(self, st, cfg, step):
-        since, every = step - self.start, int(self.p["every"])
-        if since != 0 and not (every and since % every == 0):
-            return
-        st.policy.model.load_state_dict(self._start_weights)
-        self.reverts = getattr(self, "reverts", []) + [step]
+    def on_batch(self, batch, step):
+        ids = batch.input_ids_BT
+        rows = torch.tensor([self.coin(step, "row", b) < self.p["p"] for b in range(ids.shape[0])], device=ids.device)
+        config = getattr(getattr(getattr(self.view, "policy", None), "model", None), "config", None)
+        vocab = int(getattr(config, "vocab_size", 0) or (int(ids.max()) + 2))
+        shift = (batch.loss_mask_BT > 0) & rows[:, None] & (ids >= int(self.p["at"])) & (ids + 1 < vocab)
+        return dataclasses.replace(batch, input_ids_BT=torch.where(shift, ids + 1, ids))

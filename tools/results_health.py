@@ -182,14 +182,19 @@ def read_health_overhead(d):
             "la": "/".join(f"{x:.1f}" for x in o["loadavg_start"]), "cpu_s": f"{o['cpu_seconds']:.0f}",
             "health_s": f"{o['layer_seconds']['time/health']:.1f}", "probes_s": f"{o['layer_seconds']['time/probes']:.1f}",
             "fp_s": f"{o['layer_seconds']['time/fingerprint']:.2f}", "step_s": f"{o['step_seconds_without_layer']:.0f}",
-            "before": "" if not d.get("two") else (
+            "before": ("" if not d.get("two") else (
                 f" Before the update took the probe rows' log-probs from its own forward (two probe forwards a step), "
-                f"the same measurement gave {d['two']['overhead_frac']:.2%} (health_overhead_two_forwards_2026-12-04.json).")}
+                f"the same measurement gave {d['two']['overhead_frac']:.2%} (health_overhead_two_forwards_2026-12-04.json).")) + (
+                "" if not d.get("eight") else (
+                    f" With 1/16 of the batch as probe rows (8 on the demo; now 1/32, 4 rows) it gave "
+                    f"{d['eight']['overhead_frac']:.2%}, probes {d['eight']['layer_seconds']['time/probes']:.1f} s "
+                    f"(health_overhead_8rows_2026-12-04.json)."))}
 
 
 HEALTH_OVERHEAD = Entry(
     key="health-overhead", title="What the health layer costs on the demo",
-    sources={"oh": R + "health_overhead.json", "two": R + "health_overhead_two_forwards_2026-12-04.json"},
+    sources={"oh": R + "health_overhead.json", "two": R + "health_overhead_two_forwards_2026-12-04.json",
+             "eight": R + "health_overhead_8rows_2026-12-04.json"},
     optional=("two",),
     command="python benchmarks/health_overhead.py && python benchmarks/health_overhead.py --batch-checks "
             "benchmarks/results/health_overhead.json",

@@ -138,11 +138,11 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
           ("halt",),
           "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync",
-          quiet=("forward_mismatch", "sampler_state")),
+          quiet=("forward_mismatch", "sampler_state", "stale_weights:foreign")),
     Cause("rollout_mismatch", "system", "the sampler's and the trainer's forwards differ (sampling settings, numerics, "
-          "non-parameter state, a trainer-only layer)",
+          "non-parameter state, weights converted wrong by the sync, a trainer-only layer)",
           {"logp_gap": 3, "logp_floor": 3, "logp_gap:sawtooth": -2, "stale_weights": -3, "entropy_collapse": 0.3,
-           "forward_mismatch": 5, "sampler_state": 6, "clip_saturation": 0.5, "kl_explosion": 0.5},
+           "forward_mismatch": 5, "sampler_state": 6, "stale_weights:foreign": 9, "clip_saturation": 0.5, "kl_explosion": 0.5},
           ("enable_is_correction",),
           "align temperature/top-p/top-k, precision and the model's buffers between engine and trainer, and the "
           "trainer's gradient forward with its scoring pass; keep TIS/MIS on",

@@ -203,21 +203,24 @@ class GradMemoryDetector(Detector):
     (AMD EPYC, 2026-12-04, 30 steps) single steps ranged -0.32..0.45 and 3-step means stayed below
     0.3; gradients that keep the previous steps' (a lost zero_grad) sat at 0.5-0.9 (half of them
     kept) and 0.95-0.99 (all kept). The bar: the mean of the last `k` steps above `floor` (0.55) and
-    `margin` (0.35) above the baseline median."""
+    `margin` (0.35) above the baseline median - or above `absolute` (0.9) whatever the baseline
+    (gradients carried over from the first step leave no healthy baseline to compare with)."""
 
-    name, mode = "grad_memory", "grad_memory"
-    defaults = {"k": 3, "floor": 0.55, "margin": 0.35}
+    name, mode, needs_baseline = "grad_memory", "grad_memory", False
+    defaults = {"k": 3, "floor": 0.55, "margin": 0.35, "absolute": 0.9}
 
     def evaluate(self, h: History, ctx: RunContext):
         k = int(self.p["k"])
-        mean, base = _recent_mean(h, "update/grad_cos_prev", k), h.baseline("update/grad_cos_prev")
-        if mean is None or base is None or mean <= max(self.p["floor"], base.median + self.p["margin"]):
+        xs = h.values("update/grad_cos_prev", k)
+        mean, base = (sum(xs) / k if len(xs) == k else None), h.baseline("update/grad_cos_prev")
+        relative = base is not None and mean is not None and mean > max(self.p["floor"], base.median + self.p["margin"])
+        if mean is None or not (relative or mean > self.p["absolute"]):
             return OK
         return 2 if mean > 0.9 else 1, (
-            f"each step's gradient points where the previous step's did (cosine {mean:.2f} over {k} steps, "
-            f"{base.median:.2f} in the baseline; fresh batches give nearly independent gradients): gradients "
-            "carried over between optimizer steps (not cleared, accumulated across steps)"), {
-            "update/grad_cos_prev": _ev(mean, base), "rule": "carryover"}
+            f"each step's gradient points where the previous step's did (cosine {mean:.2f} over {k} steps; "
+            + (f"{base.median:.2f} in the baseline; " if base is not None else "") + "fresh batches give nearly "
+            "independent gradients): gradients carried over between optimizer steps (not cleared, accumulated "
+            "across steps)"), {"update/grad_cos_prev": _ev(mean, base), "rule": "carryover"}
 
 
 @register_detector

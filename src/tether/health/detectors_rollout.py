@@ -189,7 +189,10 @@ class StaleWeightsDetector(Detector):
     """Rollouts sampled by a policy older than the allowed staleness, a policy version that
     stops advancing, or (`checksum`) weights that are not the trainer's at the version the rollout
     reports (the monitor keeps a fingerprint of the trainer's weights per version): the rollout
-    engine is not receiving the trainer's weights."""
+    engine is not receiving the trainer's weights. Rule `foreign` instead when some of the rollout's
+    weight tensors match no recent version of the trainer's at all (per-tensor sums): the sync
+    delivers, but converts, reorders or corrupts them (a fused-projection split in the wrong
+    order, a wrong dtype cast) - a mismatch of the forwards, not staleness."""
 
     name, mode, needs_baseline = "stale_weights", "stale_weights", False
     persist = 1
@@ -197,6 +200,13 @@ class StaleWeightsDetector(Detector):
     def evaluate(self, h, ctx):
         if finite(h.latest("health/weights_mismatch")) == 1.0:
             r = finite(h.latest("health/rollout_version_min"))
+            foreign = finite(h.latest("health/weights_foreign_frac"))
+            if foreign is not None and foreign > 0:  # tensors no version of the trainer ever had: not a stale sync
+                return 2, (f"the rollout reports policy version {r:.0f}, but {foreign:.0%} of its weight tensors match no "
+                           "version of the trainer's (current or recent): the sync delivers the weights converted, placed "
+                           "or cast wrong, not late"), {
+                    "health/weights_mismatch": {"value": 1.0}, "health/weights_foreign_frac": {"value": round(foreign, 4)},
+                    "rule": "foreign"}
             return 2, f"the rollout reports policy version {r:.0f} but its weights are not the trainer's at that version", {
                 "health/weights_mismatch": {"value": 1.0}, "rule": "checksum"}
         v, r = finite(h.latest("policy_version")), finite(h.latest("health/rollout_version_min"))

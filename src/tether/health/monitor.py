@@ -28,8 +28,8 @@ from tether.health.remediation import (ACTIONS, RESIDUAL_BAND, SIZE_ACTIONS, Sna
                                        residual, restore_in_force, take_snapshot, update_ratio, window_before)
 from tether.health.invariants import compute_param_norm
 from tether.health.watchdog import Watchdog, current_phase
-from tether.health.telemetry import (History, compute_buffers_fingerprint, compute_trajectory_stats,
-                                     compute_weights_fingerprint, finite)
+from tether.health.telemetry import (History, compute_buffers_fingerprint, compute_fingerprint_of_sums, compute_sums_match,
+                                     compute_trajectory_stats, compute_weight_sums, finite)
 from tether.io.state import decode_state, encode_state
 
 log = logging.getLogger("tether.health")
@@ -115,6 +115,9 @@ class HealthMonitor:
         self._prev_tasks: list[str] = []
         self.weight_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's weights
         self.buffer_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's buffers
+        self.weight_sums: dict[int, Any] = {}  # policy version -> per-tensor sums of the trainer's weights (in memory,
+        # the last 256 versions; a resumed run starts without them: `weights_foreign_frac` is unknown until a mismatch)
+        self._sampler_sums: Any = None  # the last rollout's per-tensor sums (`note_sampler_weights`)
         self._ctx: RunContext | None = None
         self._unactionable: set[str] = set()
         self._tried = 0
@@ -144,6 +147,9 @@ class HealthMonitor:
         metrics.update(compute_trajectory_stats(groups, self._prev_tasks))
         self._prev_tasks = [g.task_id for g in groups]
         metrics["health/weights_mismatch"] = self._check_weights(metrics)
+        if metrics["health/weights_mismatch"] == 1.0 and self._sampler_sums is not None:  # stale, or no version at all?
+            metrics.update(compute_sums_match(self._sampler_sums, self.weight_sums))
+        self._sampler_sums = None
         metrics["health/buffers_mismatch"] = self._check_weights(metrics, "rollout/buffers_fp", self.buffer_fps)
         metrics["health/param_norm"] = compute_param_norm(getattr(getattr(st, "policy", None), "model", None))
         ctx = build_context(cfg)
@@ -170,9 +176,18 @@ class HealthMonitor:
             return float("nan")
         return 0.0 if abs(fp - ref) <= 1e-9 * max(1.0, abs(ref)) else 1.0
 
+    def note_sampler_weights(self, sums: Any) -> None:
+        """The rollout's per-tensor weight sums (tether.rollout.collect), read by the next observe."""
+        self._sampler_sums = sums
+
     def _record_weights(self, st: Any) -> None:
         model = getattr(getattr(st, "policy", None), "model", None)
-        for name, fn in (("weight_fps", compute_weights_fingerprint), ("buffer_fps", compute_buffers_fingerprint)):
+        sums = compute_weight_sums(model)  # one pass over the weights: the fingerprint and its per-tensor parts
+        if sums is not None:
+            v = int(st.policy.version)
+            # every recent version (a tensor a partial sync never delivers stays at an old one): 256 x 8 bytes a tensor
+            self.weight_sums = {**{k: x for k, x in self.weight_sums.items() if k > v - 256}, v: sums}
+        for name, fn in (("weight_fps", lambda _: compute_fingerprint_of_sums(sums)), ("buffer_fps", compute_buffers_fingerprint)):
             fp = fn(model)
             if math.isfinite(fp):
                 kept = {k: x for k, x in getattr(self, name).items() if k > st.policy.version - 8}
@@ -449,6 +464,8 @@ def build_health(cfg: Any, rd: Any = None, st: Any = None, state: dict[str, Any]
         mon.load_state_dict(state)
         if st is not None and (rebuilt := restore_in_force(st, cfg, mon.actions)) and mon.trial is not None:
             mon.trial["changes"] = rebuilt[-1]  # the repair on trial: its undo works after the resume
+    elif st is not None and st.step == 0 and getattr(st, "policy", None) is not None:
+        mon._record_weights(st)  # the starting weights: the first rollout samples with them
     elif rd is not None and st is not None and st.step > 0:
         by_step: dict[int, dict] = {}
         for row in rd.read_metrics():

@@ -244,13 +244,45 @@ def compute_buffers_fingerprint(model: Any, per_tensor: int = 4096) -> float:
     return _fingerprint(bufs, per_tensor)
 
 
+def compute_weight_sums(model: Any, per_tensor: int = 4096) -> torch.Tensor | None:
+    """The per-tensor parts of `compute_weights_fingerprint` (float64, on the CPU, one per parameter
+    tensor in order): which tensors of a sampler match which version of the trainer's."""
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    return _tensor_sums(params, per_tensor).cpu() if params else None
+
+
+def compute_fingerprint_of_sums(sums: torch.Tensor | None) -> float:
+    """The fingerprint (`compute_weights_fingerprint`) of per-tensor sums."""
+    if sums is None or sums.numel() == 0:
+        return float("nan")
+    w = torch.arange(1, len(sums) + 1, dtype=torch.float64, device=sums.device)
+    return float((sums * (1 + w / len(sums))).sum())
+
+
+def compute_sums_match(sums: torch.Tensor, versions: dict[int, torch.Tensor]) -> dict[str, float]:
+    """Which of a sampler's weight tensors (per-tensor sums) equal the trainer's tensor at some
+    recorded version (`versions`: version -> per-tensor sums; a comparison is O(versions x tensors)): `health/weights_foreign_frac` is the share that matches none (a sync that
+    converts, reorders or corrupts tensors), the rest being current or older versions' (a stale or
+    partial sync). Empty when no version has the same tensor count."""
+    refs = [v for v in versions.values() if v.shape == sums.shape]
+    if not refs:
+        return {}
+    tol = 1e-9 * sums.abs().clamp(min=1.0)
+    seen = torch.zeros_like(sums, dtype=torch.bool)
+    for ref in refs:
+        seen |= (sums - ref).abs() <= tol
+    return {"health/weights_foreign_frac": float((~seen).double().mean())}
+
+
+def _tensor_sums(tensors: list[torch.Tensor], per_tensor: int) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack([p.detach().reshape(-1)[:: max(1, p.numel() // per_tensor)].double().sum() for p in tensors])
+
+
 def _fingerprint(tensors: list[torch.Tensor], per_tensor: int) -> float:
     if not tensors:
         return float("nan")
-    with torch.no_grad():
-        sums = [p.detach().reshape(-1)[:: max(1, p.numel() // per_tensor)].double().sum() for p in tensors]
-        w = torch.arange(1, len(sums) + 1, dtype=torch.float64, device=sums[0].device)
-        return float((torch.stack(sums) * (1 + w / len(sums))).sum())
+    return compute_fingerprint_of_sums(_tensor_sums(tensors, per_tensor))
 
 
 # ----------------------------------------------------------------------------- history

@@ -52,7 +52,7 @@ def collect_groups(st: RolloutState, rollout: Any, r: RolloutConfig,
     """Rollouts for B_p problems (`r.problems_per_step`, `r.n` each) played by `rollout` (a
     tether.rollout.Rollout); with dynamic sampling (DAPO, arXiv 2503.14476 §3.2), redraw until B_p
     informative groups or `max_gen_batches` extra rounds."""
-    from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
+    from tether.health.telemetry import compute_buffers_fingerprint, compute_fingerprint_of_sums, compute_weight_sums
 
     kept: list[TrajectoryGroup] = []
     metrics: dict[str, float] = {}
@@ -64,7 +64,11 @@ def collect_groups(st: RolloutState, rollout: Any, r: RolloutConfig,
         # the weights that sampled, and their version (health: stale sync); after the rollout, so an
         # in-flight update adopted mid-generation (dist.inflight) is the version fingerprinted
         t_fp = time.perf_counter()
-        m["rollout/weights_fp"] = compute_weights_fingerprint(getattr(st.policy, "model", None))
+        sums = compute_weight_sums(getattr(st.policy, "model", None))
+        m["rollout/weights_fp"] = compute_fingerprint_of_sums(sums)
+        note = getattr(getattr(st, "health", None), "note_sampler_weights", None)
+        if note is not None:  # which tensors match which trainer version, when the fingerprint does not
+            note(sums)
         m["rollout/buffers_fp"] = compute_buffers_fingerprint(getattr(st.policy, "model", None))  # non-parameter state
         m["time/fingerprint"] = time.perf_counter() - t_fp  # the health layer's cost here (benchmarks/health_overhead.py)
         m["rollout/weights_fp_version"] = float(getattr(st.policy, "version", float("nan")))

@@ -71,9 +71,10 @@ def fill_probe_rows(rows: torch.Tensor, before_KT: torch.Tensor, batch_rows: tor
 
 
 def probe_size(rows: int) -> int:
-    """Probe rows of a batch of `rows` sequences: 1/16 of it, 4 to 16 (a no-grad forward or two of them
-    cost ~2% of the update's forward and backward over every row)."""
-    return min(16, max(4, rows // 16))
+    """Probe rows of a batch of `rows` sequences: 1/32 of it, 4 to 16. Their no-grad forward after the
+    update is the layer's largest cost: on the demo (128 sequences) 8 rows took 38 ms of a 1.9 s step,
+    4 rows 23 ms (benchmarks/results/health_overhead.json)."""
+    return min(16, max(4, rows // 32))
 
 
 def compute_logp_progress(before_BT: torch.Tensor, after_BT: torch.Tensor, adv_BT: torch.Tensor,
@@ -173,4 +174,5 @@ class NormCheck:
         return {"update/norm_ratio": 1.0 + self.worst}
 
 
-__all__ = ["NormCheck", "choose_probe_rows", "compute_logp_progress", "compute_step_stats", "fill_probe_rows", "probe_size"]
+__all__ = ["NormCheck", "PreSamplerKL", "choose_probe_rows", "compute_cosine", "compute_grad_sketch", "compute_logp_progress",
+           "compute_step_stats", "fill_probe_rows", "probe_size"]

@@ -135,6 +135,26 @@ def test_agreeing_rewards_have_nothing_to_route():
 # ----------------------------------------------------------------------------- parameters and buffers
 
 
+def test_per_tensor_sums_tell_a_stale_sync_from_a_wrong_one():
+    from tether.health.telemetry import (compute_fingerprint_of_sums, compute_sums_match, compute_weight_sums,
+                                         compute_weights_fingerprint)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    sums = compute_weight_sums(model)
+    assert sums.shape == (4,) and compute_fingerprint_of_sums(sums) == compute_weights_fingerprint(model)  # bit for bit
+    v1 = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    v2 = torch.tensor([1.5, 2.5, 3.0, 4.5], dtype=torch.float64)  # the third tensor did not change
+    versions = {1: v1, 2: v2}
+    # partly stale (tensors 0, 1 at version 1, the rest at 2): every tensor is some version's
+    assert compute_sums_match(torch.tensor([1.0, 2.0, 3.0, 4.5], dtype=torch.float64), versions) == {
+        "health/weights_foreign_frac": 0.0}
+    # two same-shaped tensors swapped by the sync: 2 of 4 match no version
+    assert compute_sums_match(torch.tensor([2.5, 1.5, 3.0, 4.5], dtype=torch.float64), versions) == {
+        "health/weights_foreign_frac": 0.5}
+    assert compute_sums_match(v1[:3], versions) == {}  # another model: nothing to compare
+
+
 def test_param_norm_and_a_buffer_the_parameter_checksum_does_not_see():
     lin = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():

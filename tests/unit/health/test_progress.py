@@ -92,6 +92,19 @@ def test_pi_old_as_the_odd_one_out():
     assert f.evidence["rule"] == "pre_update"
 
 
+def test_a_sync_that_delivers_wrong_tensors_is_not_a_stale_one():
+    stale = _first(_run("stale_weights", lambda r, s: r.update({"health/weights_mismatch": 1.0})), "stale_weights")
+    assert stale.evidence["rule"] == "checksum" and stale.step == 15
+    wrong = _first(_run("stale_weights", lambda r, s: r.update({"health/weights_mismatch": 1.0,
+                                                                "health/weights_foreign_frac": 0.25})), "stale_weights")
+    assert wrong.evidence["rule"] == "foreign" and "25%" in wrong.message
+    # what the diagnosis makes of them, with the sampler-vs-trainer gap they bring
+    assert diagnose([_f("stale_weights", "checksum"), _f("logp_gap", step=16)])[0].cause == "stale_weights"
+    hyps = diagnose([_f("stale_weights", "foreign"), _f("logp_gap", step=16), _f("logp_floor", step=16)])
+    assert hyps[0].cause == "rollout_mismatch"
+    assert "stale_weights" in next(h for h in hyps if h.cause == "stale_weights").contradicted
+
+
 def test_gradients_carried_over_between_steps():
     f = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.97})), "grad_memory")
     assert f is not None and f.step <= 17 and f.severity == "critical" and f.evidence["rule"] == "carryover"  # a 3-step mean

@@ -32,7 +32,7 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_
         "reward.components=[{name: exact_match, weight: 1.0}, "
         "{name: 'tether.health.faults.reward:verbosity_bonus', weight: 0.5}]"]
 NEW = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates", "answer_leak",
-       "loss_mask"}
+       "loss_mask", "grad_memory"}
 
 
 class _Buffers(Fault):
@@ -107,8 +107,8 @@ def test_faults():
     sys.modules.pop(mod.__name__)
 
 
-def _run(tmp_path, fault: str | None, extra: tuple[str, ...] = ()) -> tuple[list[dict], list[dict]]:
-    inject = [f"health.inject=[{{name: {json.dumps(fault)}, severity: obvious, start: 1}}]"] if fault else []
+def _run(tmp_path, fault: str | None, extra: tuple[str, ...] = (), severity: str = "obvious") -> tuple[list[dict], list[dict]]:
+    inject = [f"health.inject=[{{name: {json.dumps(fault)}, severity: {severity}, start: 1}}]"] if fault else []
     run_rl(load_config(None, TINY + list(extra) + inject), tmp_path / "run")
     events = [json.loads(x) for x in (tmp_path / "run" / "health.jsonl").read_text().splitlines()]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -128,6 +128,9 @@ def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
     steps = [r for r in rows if "update/step_ratio" in r]
     assert len(steps) == 6 and all(r["update/frozen_frac"] == 0.0 and r["update/kl_live"] == 1.0 for r in steps)
     assert all(abs(r["update/norm_ratio"] - 1.0) < 1e-4 and abs(r["update/kl_pre"]) < 1e-5 for r in steps)
+    assert all(abs(r["update/kl_pre_sampler"]) < 1e-5 for r in steps)  # the sampler scores as the trainer does
+    cos = [r["update/grad_cos_prev"] for r in steps if "update/grad_cos_prev" in r]
+    assert len(cos) >= 4 and max(cos) < 0.9, cos  # steps 2..6 against the step before
 
 
 @pytest.mark.parametrize("fault,extra,detector,rule", [
@@ -136,12 +139,26 @@ def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
     ("frozen_params", (), "progress", "frozen"),
     ("norm_wrong", (), "loss_norm", "coverage"),
     ("trainer_forward_mismatch", (), "forward_mismatch", "pre_update"),
+    ("old_logp_shuffled", (), "forward_mismatch", "old_logp"),
+    ("grad_accum_leak", KL, "grad_memory", "carryover"),  # the KL term gives a gradient where rewards give none
 ])
 def test_a_fault_at_an_update_seam_fires_its_check(tmp_path, fault, extra, detector, rule):
     found, _ = _run(tmp_path, fault, extra)
     f = _fired(found, detector)
     # the exact invariants at once; the forward's KL grows with how far the random model's logits are from uniform
-    assert f is not None and f["step"] <= (6 if detector == "forward_mismatch" else 2) and f["evidence"]["rule"] == rule, found
+    # a carried-over gradient needs a 3-step mean of cosines (from step 2 on) and two steps of it
+    late = detector == "forward_mismatch" or detector == "grad_memory"
+    assert f is not None and f["step"] <= (6 if late else 2) and f["evidence"]["rule"] == rule, found
+
+
+# stale_weights subtle: the weights arrive every 4th step while the engine claims the current version
+@pytest.mark.parametrize("fault,rule", [("stale_weights", "checksum"), ("sync_gate_up_swapped", "foreign")])
+def test_a_stale_sync_and_a_sync_that_swaps_tensors_are_told_apart(tmp_path, fault, rule):
+    found, rows = _run(tmp_path, fault, severity="subtle" if fault == "stale_weights" else "obvious")
+    f = _fired(found, "stale_weights")
+    assert f is not None and f["step"] <= 3 and f["evidence"]["rule"] == rule, found
+    foreign = [r.get("health/weights_foreign_frac") for r in rows if r.get("health/weights_mismatch") == 1.0]
+    assert foreign and all((x == 0.0) if rule == "checksum" else (x > 0) for x in foreign), foreign
 
 
 @pytest.mark.parametrize("cls,extra,detector", [

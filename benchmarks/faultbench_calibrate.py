@@ -11,7 +11,8 @@ outside the taxonomy). A logistic regression P(right | fit, share, margin) is fi
 points (L2 0.01, LBFGS); its coefficients go into CALIBRATION by hand (the file records them
 with the points' count). Held-out runs in the directory are never read.
 
-`--first-look FILE` adds the points of kinds scored once before the layer was developed on them
+`--first-look FILE` adds the points of kinds scored once before the layer was developed on them (and
+leaves those kinds' runs in the benchmark directory out)
 (benchmarks/results/faultbench_first_look_r1.json: round 1's held-out kinds as first scored): the
 tuned kinds alone are diagnosed right nearly always, so a fit on them alone states ~0.95 for any
 named cause, also for a kind the layer has never met.
@@ -80,10 +81,11 @@ def main() -> None:
                     help="add the points of a first-look file (kinds scored once before the layer was developed on "
                          "them, e.g. benchmarks/results/faultbench_first_look_r1.json)")
     args = ap.parse_args()
-    points = [p for bench in args.bench for p in collect(bench, args.start)]
-    for path in args.first_look:
-        points += [({k: float(pt[k]) for k in FEATURES}, bool(pt["right"]), pt["fault"])
-                   for pt in json.loads(path.read_text())["points"]]
+    looks = [json.loads(path.read_text()) for path in args.first_look]
+    seen_first = {k for look in looks for k in look["kinds"]}  # their first look stands for them: no double count
+    points = [p for bench in args.bench for p in collect(bench, args.start, tuple(k for k in TUNED if k not in seen_first))]
+    for look in looks:
+        points += [({k: float(pt[k]) for k in FEATURES}, bool(pt["right"]), pt["fault"]) for pt in look["points"]]
     if len(points) < 10:
         raise SystemExit(f"{', '.join(map(str, args.bench))}: {len(points)} detected tuned runs; at least 10 are needed to fit")
     coef = fit(points)

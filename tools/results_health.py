@@ -124,6 +124,13 @@ def read_health_extended(d):
         "top1_t": _f((f.get("tuned") or {}).get("diagnosis_top1")), "top1_h": _f((f.get("held_out") or {}).get("diagnosis_top1")),
         "unexp": _k_of_n(f.get("unexplained_rate_outside"), f.get("outside_detected")),
         "note": f"\n*This run:* {p['note']}\n" if p.get("note") else "",
+        "held_module": p.get("held_module", "tether/health/faults/fresh3.py"),
+        "runs_line": p.get("runs_line") or (
+            f"{f['runs']} runs of 30 RL steps, " + (f"{f['wall_seconds'] / 60:.0f} min on {p['workers']} workers" if not p.get("runs_reused")
+            else f"resumed: the last {f['runs'] - p['runs_reused']} in {f['wall_seconds'] / 60:.0f} min on {p['workers']} workers")
+            + f" ({f['cpu_seconds_runs'] / 3600:.1f} CPU-hours in all; {p['finished'][:10]}, {p['cpu']}, {p['cores']} cores, load "
+            + (p["loadavg_before"].split()[0] if p["loadavg_before"] != "unknown" else "?")
+            + f" before / {p['loadavg_after'].split()[0]} after; commit `{p['commit'][:10]}`)."),
     }
 
 
@@ -139,13 +146,12 @@ HEALTH_EXTENDED = Entry(
              "{fa} false alarms on healthy runs",
     text="""
 {kinds} fault kinds: {tuned_kinds} the layer's thresholds, cause predictions and confidence calibration were tuned
-on, and {held_kinds} **held out** — written by another hand once the tuning was done (tether/health/faults/fresh.py,
-each modelled on a bug reported against a peer framework), not run by the hand that tunes the layer before this
-scoring (tether/health/faults/split.py, which also records the split's history). Each at two severities
-over {seeds} seeds in advise mode, auto mode for the remediable ones, {healthy} healthy seeds in both modes and again
-with 2 threads and with a KL anchor: {runs} runs of 30 RL steps, {wall} ({cpu_h} CPU-hours in all;
-{date}, {cpu}, {cores} cores, load {la0} before / {la1} after; commit `{commit}`). A fault outside the diagnosis
-taxonomy is diagnosed right only when the answer is "unexplained anomaly".
+on, and {held_kinds} **held out** — written by another hand once the tuning was done ({held_module}, each modelled
+on a bug reported against a peer framework), not run by the hand that tunes the layer before this scoring
+(tether/health/faults/split.py, which also records the split's history: two earlier held-out sets were scored
+once and then developed on). Each at two severities over {seeds} seeds in advise mode, auto mode for the
+remediable ones, {healthy} healthy seeds in both modes and again with 2 threads and with a KL anchor. {runs_line}
+A fault outside the diagnosis taxonomy is diagnosed right only when the answer is "unexplained anomaly".
 {note}
 
 {halves}

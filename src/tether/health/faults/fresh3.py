@@ -158,15 +158,23 @@ class RatioVsReference(Fault):
 
         self._ref = make_reference(st.policy)
         self._temperature = float(cfg.rollout.sampling.temperature)
-        self._budget = int(cfg.train.micro_batch_tokens)
+        self._rows = 16
 
     def on_old_logp(self, old_BT, batch, step):
-        from tether.train.update import compute_batch_logprobs
+        from tether.policy.prefix import compute_sequence_logprobs  # the policy layer: health sits below train
 
         rows = torch.tensor([self.coin(step, "row", b) < self.p["p"] for b in range(old_BT.shape[0])], device=old_BT.device)
         if not rows.any():
             return old_BT
-        ref_BT = compute_batch_logprobs(self._ref, batch, self._temperature, self._budget).to(old_BT)
+        ref_BT = torch.zeros_like(old_BT)
+        with torch.no_grad():
+            for start in range(0, old_BT.shape[0], self._rows):  # bounded memory: a few rows at a time
+                sel = slice(start, start + self._rows)
+                T = int(batch.attention_mask_BT[sel].sum(-1).max())
+                lp, _ = compute_sequence_logprobs(self._ref, batch.input_ids_BT[sel, :T], batch.attention_mask_BT[sel, :T],
+                                                  batch.seq_group_B[sel], self._temperature,
+                                                  needed_BT=batch.loss_mask_BT[sel, :T] > 0)
+                ref_BT[sel, :T] = lp.float().to(old_BT.device)
         return torch.where(rows[:, None], ref_BT, old_BT)
 
 

@@ -63,3 +63,30 @@ def test_detector_parameters_follow_the_resumed_config():
     resumed.load_state_dict(mon.state_dict())
     assert resumed.detectors["grad_spike"].p["factor"] == 9.0
     assert len(resumed.history.rows) == 6
+
+
+def test_the_weight_versions_go_into_the_checkpoint_with_the_monitor():
+    """The per-tensor sums of the trainer's weights by version (the sync check's reference) survive a
+    checkpoint: a resumed run tells a stale sync from a wrong one as the uninterrupted run does."""
+    from types import SimpleNamespace
+
+    from tether.health.telemetry import compute_sums_match
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    st = SimpleNamespace(policy=SimpleNamespace(model=model, version=0), step=0)
+    mon = build_health(_Cfg(), st=st)  # a fresh run records its starting weights
+    old = mon.weight_sums[0].clone()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    st.policy.version = 1
+    mon._record_weights(st)
+    buf = io.BytesIO()
+    torch.save(mon.state_dict(), buf)
+    buf.seek(0)
+    resumed = build_health(_Cfg(), state=torch.load(buf, weights_only=True))
+    assert sorted(resumed.weight_sums) == [0, 1] and torch.equal(resumed.weight_sums[0], old)
+    # a sampler still at version 0 is stale (every tensor some version's), one with two tensors swapped is not
+    assert compute_sums_match(old, resumed.weight_sums) == {"health/weights_foreign_frac": 0.0}
+    swapped = old.clone()
+    swapped[[0, 2]] = old[[2, 0]]
+    assert compute_sums_match(swapped, resumed.weight_sums)["health/weights_foreign_frac"] == 0.5

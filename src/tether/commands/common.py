@@ -111,7 +111,7 @@ def run_failures() -> tuple[type[Exception], ...]:
     from tether.policy.chat import TokenizationDrift
     from tether.rewards import RewardFailure
     from tether.io.checkpoint import CheckpointError
-    from tether.train.update import TrainingHalted
+    from tether.train.step import TrainingHalted
 
     return (RewardFailure, TrainingHalted, EnvFailure, TokenizationDrift, CheckpointError)
 

@@ -115,8 +115,8 @@ class HealthMonitor:
         self._prev_tasks: list[str] = []
         self.weight_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's weights
         self.buffer_fps: dict[int, float] = {}  # policy version -> fingerprint of the trainer's buffers
-        self.weight_sums: dict[int, Any] = {}  # policy version -> per-tensor sums of the trainer's weights (in memory,
-        # the last 256 versions; a resumed run starts without them: `weights_foreign_frac` is unknown until a mismatch)
+        self.weight_sums: dict[int, Any] = {}  # policy version -> per-tensor sums of the trainer's weights (the last
+        # 256 versions; checkpointed with the rest of the monitor's state)
         self._sampler_sums: Any = None  # the last rollout's per-tensor sums (`note_sampler_weights`)
         self._ctx: RunContext | None = None
         self._unactionable: set[str] = set()
@@ -187,8 +187,7 @@ class HealthMonitor:
             v = int(st.policy.version)
             # every recent version (a tensor a partial sync never delivers stays at an old one): 256 x 8 bytes a tensor
             self.weight_sums = {**{k: x for k, x in self.weight_sums.items() if k > v - 256}, v: sums}
-        for name, fn in (("weight_fps", lambda _: compute_fingerprint_of_sums(sums)), ("buffer_fps", compute_buffers_fingerprint)):
-            fp = fn(model)
+        for name, fp in (("weight_fps", compute_fingerprint_of_sums(sums)), ("buffer_fps", compute_buffers_fingerprint(model))):
             if math.isfinite(fp):
                 kept = {k: x for k, x in getattr(self, name).items() if k > st.policy.version - 8}
                 setattr(self, name, {**kept, int(st.policy.version): fp})

@@ -232,8 +232,7 @@ def compute_weights_fingerprint(model: Any, per_tensor: int = 4096) -> float:
     of a strided sample of at most ~`per_tensor` of its elements. An optimizer step changes every
     sampled element, so a tensor that missed a sync changes the value; equal weights give the
     same value bit for bit (the same reductions over the same elements)."""
-    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    return _fingerprint(params, per_tensor)
+    return compute_fingerprint_of_sums(compute_weight_sums(model, per_tensor))
 
 
 def compute_buffers_fingerprint(model: Any, per_tensor: int = 4096) -> float:

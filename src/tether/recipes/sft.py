@@ -34,7 +34,7 @@ from tether.train.setup import attach_lora, configure_process, precision_summary
 from tether.train.loop import graceful_interrupt, progress_bar
 from tether.rollout import compute_tokenizer_corpus, make_rollout
 from tether.rollout.prompt_format import compute_prompt_format
-from tether.train.update import UpdateState, do_guarded_step
+from tether.train.step import UpdateState, do_guarded_step
 
 
 def run_sft(cfg: TetherConfig, run_dir: str | Path, policy: HFPolicy | None = None, resume: bool = False,

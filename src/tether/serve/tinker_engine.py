@@ -7,7 +7,7 @@
   budget; the loss is a sum, so the split never changes the gradient.
 - optim_step: the training model's AdamW with the request's AdamParams (learning rate, betas, eps,
   decoupled weight decay, global-norm clipping when grad_clip_norm > 0), stepped by the update's own
-  guarded step (`tether.train.update.do_guarded_step`: a non-finite gradient skips the step, a step
+  guarded step (`tether.train.step.do_guarded_step`: a non-finite gradient skips the step, a step
   that leaves a non-finite weight is undone).
 - sample: tether's sampler (`tether.policy.sampling.run_generate`: its own KV-cache loop, the
   log-prob of every sampled token under the distribution it was drawn from). Requests with equal
@@ -34,7 +34,7 @@ from tether.serve.tinker_models import ModelStore, TinkerUserError
 from tether.serve.tinker_wire import (ForwardBackwardCall, SampledSequence, encode_forward_backward_output,
                                       encode_sample_response)
 from tether.train.batching import split_by_token_budget
-from tether.train.update import do_guarded_step
+from tether.train.step import do_guarded_step
 from tether.types import StopReason
 
 

@@ -46,7 +46,7 @@ from tether.errors import UserError
 from tether.optim import build_optimizer, compute_all_finite
 from tether.policy.base import HFPolicy
 from tether.policy.hf import load_policy
-from tether.train.update import UpdateState
+from tether.train.step import UpdateState
 
 LORA_ALPHA = 32
 META = "tinker_checkpoint.json"

@@ -38,7 +38,7 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
 
 `update/logp_gain` costs one no-grad forward of a few rows after the update (before it, their
 log-probs are pi_old's when it is scored, else - one pass, one mini-batch - the training forward's);
-the rest reuses what the update computes (the weight copy of `do_checked_step`, the loss terms).
+the rest reuses what the update computes (the weight copy of `tether.train.step.do_checked_step`, the loss terms).
 `time/probes` logs their time (the probe forwards and the step statistics).
 """
 

@@ -27,7 +27,7 @@ from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.reference import make_reference
 from tether.settings import RunSettings
 from tether.train.config import TrainConfig
-from tether.train.update import UpdateState
+from tether.train.step import UpdateState
 
 
 def choose_compile_for(train: TrainConfig, rollout_compile: bool | str, tokens_per_step: int,

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tether.cli import app
 from tether.config import ConfigError, load_config
-from tether.train.update import TrainingHalted, UpdateState, do_guarded_step
+from tether.train.step import TrainingHalted, UpdateState, do_guarded_step
 
 
 @pytest.mark.parametrize("override", ["train.lr=inf", "train.lr=.nan", "sft.lr=-inf", "algo.kl.coef=nan",

@@ -74,3 +74,27 @@ def series(n: int, seed: int = 0, change: dict | None = None, start: int = 15) -
                 fn(row, step)
         out.append(row)
     return out
+
+
+class SeamState:
+    """The parts of a run state the fault seams read; computing step `step + 1`."""
+
+    def __init__(self, step: int = 14, policy=None) -> None:
+        from tether.config import TetherConfig
+        from tether.settings import RunSettings
+
+        self.step, self.policy, self.settings = step, policy, RunSettings(TetherConfig())
+
+
+def make_fault(name: str, severity: str = "obvious", start: int = 15):
+    from tether.health.faults import get_fault_class
+
+    return get_fault_class(name)(severity, start)
+
+
+def fault_before_start(name: str, severity: str, policy=None):
+    """A FaultSet whose fault starts at step 15, and its state computing step 14 (before the start)."""
+    from tether.health.faults import FaultSet
+
+    st = SeamState(13, policy)
+    return FaultSet([make_fault(name, severity)], st), st

@@ -9,31 +9,12 @@ import dataclasses
 import pytest
 import torch
 
-from tether.config import TetherConfig
-from tether.health.faults import UNEXPLAINED, FaultSet, get_fault_class, load_fault_plugins
-from tether.settings import RunSettings
+from tether.health.faults import UNEXPLAINED, get_fault_class, load_fault_plugins
 from tether.types import TrainBatch
-from health_helpers import make_group
+from health_helpers import SeamState, fault_before_start, make_fault, make_group
 
 FRESH = ("reward_prefix_match", "optimizer_double_step", "grad_swap", "kl_sign_flip", "advantage_wrong_axis",
          "answer_float_cast", "sync_gate_up_swapped", "reload_missing_keys")
-
-
-class _St:
-    """The parts of a run state the seams read; computing step `step + 1`."""
-
-    def __init__(self, step: int = 14, policy=None) -> None:
-        self.step, self.policy, self.settings = step, policy, RunSettings(TetherConfig())
-
-
-def _fault(name: str, severity: str = "obvious", start: int = 15):
-    return get_fault_class(name)(severity, start)
-
-
-def _before_and_after(name: str, severity: str, policy=None) -> tuple[FaultSet, _St]:
-    """A FaultSet whose fault starts at step 15, its state computing step 14 (before the start)."""
-    st = _St(13, policy)
-    return FaultSet([_fault(name, severity)], st), st
 
 
 def test_the_fresh_kinds_are_registered_with_labels_in_the_taxonomy_or_outside_it():
@@ -63,7 +44,7 @@ def _texts(group, texts):
 def test_reward_prefix_match_pays_empty_and_partial_answers(severity, pay):
     texts = ["12", "1", "", "3", "21", "2"]
     g = _texts(make_group("t", (1, 2), [1.0, 0, 0, 0, 0, 0], [True, False, False, False, False, False]), texts)
-    fs, st = _before_and_after("reward_prefix_match", severity)
+    fs, st = fault_before_start("reward_prefix_match", severity)
     assert fs.end_rollout([g])[0].rewards_G == [1.0, 0, 0, 0, 0, 0]  # before its start: untouched
     st.step = 14
     out = fs.end_rollout([g])[0]
@@ -83,7 +64,7 @@ def _adam(*shapes, lr=0.01):
 @pytest.mark.parametrize("severity,repeats", [("subtle", 2), ("obvious", 6)])
 def test_optimizer_double_step_steps_the_optimizer_repeats_times(severity, repeats):
     (p,), opt = _adam((3,))
-    fs, st = _before_and_after("optimizer_double_step", severity)
+    fs, st = fault_before_start("optimizer_double_step", severity)
     p.grad = torch.tensor([1.0, -2.0, 0.5])
     fs.before_optimizer_step(opt, None, [p])
     assert opt.state.get(p, {}) == {}  # before its start: no step
@@ -103,7 +84,7 @@ def _grads(params):
 
 def test_grad_swap_swaps_one_pair_when_subtle_and_rotates_every_group_when_obvious():
     params, opt = _adam((3, 2), (3, 2), (4,), (3, 2), (4,), (5,))
-    fs, st = _before_and_after("grad_swap", "subtle")
+    fs, st = fault_before_start("grad_swap", "subtle")
     g = _grads(params)
     fs.before_optimizer_step(opt, None, params)
     assert [p.grad for p in params] == g  # before its start
@@ -113,7 +94,7 @@ def test_grad_swap_swaps_one_pair_when_subtle_and_rotates_every_group_when_obvio
     assert [p.grad for p in params] == [g[1], g[0], g[2], g[3], g[4], g[5]]
 
     g = _grads(params)
-    _fault("grad_swap", "obvious").before_optimizer_step(opt, None, params, 15)
+    make_fault("grad_swap", "obvious").before_optimizer_step(opt, None, params, 15)
     # every same-shape group rotated by one; the lone (5,) keeps its own gradient
     assert [p.grad for p in params] == [g[1], g[3], g[4], g[0], g[2], g[5]]
 
@@ -121,7 +102,7 @@ def test_grad_swap_swaps_one_pair_when_subtle_and_rotates_every_group_when_obvio
 @pytest.mark.parametrize("severity", ["subtle", "obvious"])
 def test_kl_sign_flip_negates_the_kl_term_only(severity):
     terms = {"pg": torch.tensor(0.3), "entropy": torch.tensor(0.7), "kl": torch.tensor(0.2)}
-    fs, st = _before_and_after("kl_sign_flip", severity)
+    fs, st = fault_before_start("kl_sign_flip", severity)
     assert fs.on_loss(terms, None) is terms
     st.step = 14
     outs = [fs.on_loss(terms, None) for _ in range(60)]
@@ -149,7 +130,7 @@ WRONG_AXIS = torch.tensor([[0, 0, 1.0, -2.0, 0.5, 0], [0, 0, 1.0, -2.0, 0, 0], [
 
 def test_advantage_wrong_axis_gives_token_j_of_every_row_sequence_js_advantage():
     b = _batch()
-    fs, st = _before_and_after("advantage_wrong_axis", "obvious")
+    fs, st = fault_before_start("advantage_wrong_axis", "obvious")
     assert fs.on_batch(b) is b
     st.step = 14
     out = fs.on_batch(b)
@@ -158,7 +139,7 @@ def test_advantage_wrong_axis_gives_token_j_of_every_row_sequence_js_advantage()
 
 
 def test_advantage_wrong_axis_subtle_hits_a_fraction_of_steps_and_leaves_the_others_alone():
-    b, f = _batch(), _fault("advantage_wrong_axis", "subtle")
+    b, f = _batch(), make_fault("advantage_wrong_axis", "subtle")
     outs = [f.on_batch(b, s) for s in range(15, 75)]
     hit = [o for o in outs if o is not b]
     assert 0.15 < len(hit) / len(outs) < 0.6
@@ -170,12 +151,12 @@ def test_advantage_wrong_axis_subtle_hits_a_fraction_of_steps_and_leaves_the_oth
 
 def test_answer_float_cast_turns_integer_answers_into_floats():
     probs = [{"id": f"p{i}", "prompt": "3*4=", "answer": str(i)} for i in range(200)] + [{"id": "w", "answer": "abc"}]
-    fs, st = _before_and_after("answer_float_cast", "obvious")
+    fs, st = fault_before_start("answer_float_cast", "obvious")
     assert fs.begin_rollout(probs, None)[0] == probs
     st.step = 14
     out = fs.begin_rollout(probs, None)[0]
     assert [p["answer"] for p in out[:3]] == ["0.0", "1.0", "2.0"] and out[-1]["answer"] == "abc"
-    sub = _fault("answer_float_cast", "subtle")
+    sub = make_fault("answer_float_cast", "subtle")
     a, b = sub.on_problems(probs, 15), sub.on_problems(probs, 29)
     assert a == b  # per problem, not per step
     cast = [p for p, q in zip(a, probs) if p != q]
@@ -209,7 +190,7 @@ def _swapped(e, t, first: str, second: str) -> bool:
 def test_sync_gate_up_swapped_hands_the_engine_current_weights_with_fused_halves_swapped(severity):
     torch.manual_seed(0)
     pol = _Policy(torch.nn.Sequential(_Block(), _Block()))
-    fs, st = _before_and_after("sync_gate_up_swapped", severity, pol)
+    fs, st = fault_before_start("sync_gate_up_swapped", severity, pol)
     fs.begin_rollout([], None)
     assert st.policy is pol
     fs.end_rollout([])
@@ -249,7 +230,7 @@ def _tiny_llama():
 @pytest.mark.parametrize("severity", ["subtle", "obvious"])
 def test_reload_missing_keys_reinitialises_layer_tensors_once(severity):
     pol = _tiny_llama()
-    fs, st = _before_and_after("reload_missing_keys", severity, pol)
+    fs, st = fault_before_start("reload_missing_keys", severity, pol)
     fs.begin_step()
     assert all(bool((p == 0.5).all()) for p in pol.model.parameters())  # before its start
     st.step = 14

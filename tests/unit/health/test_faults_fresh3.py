@@ -11,31 +11,13 @@ import pytest
 import torch
 
 from tether.config import TetherConfig
-from tether.health.faults import UNEXPLAINED, FaultSet, get_fault_class, load_fault_plugins
+from tether.health.faults import UNEXPLAINED, load_fault_plugins
 from tether.policy.hf import HFPolicy
-from tether.settings import RunSettings
 from tether.types import TrainBatch
-from health_helpers import make_group
+from health_helpers import SeamState, fault_before_start, make_fault, make_group
 
 FRESH3 = ("reward_silent_timeout", "old_logp_nan", "grad_garbage_rows", "advantage_credit_cut",
           "ratio_vs_reference", "prompt_symbols_stripped", "sampler_dropout", "token_ids_shifted")
-
-
-class _St:
-    """The parts of a run state the seams read; computing step `step + 1`."""
-
-    def __init__(self, step: int = 14, policy=None) -> None:
-        self.step, self.policy, self.settings = step, policy, RunSettings(TetherConfig())
-
-
-def _fault(name: str, severity: str = "obvious", start: int = 15):
-    return get_fault_class(name)(severity, start)
-
-
-def _before_and_after(name: str, severity: str, policy=None) -> tuple[FaultSet, _St]:
-    """A FaultSet whose fault starts at step 15, its state computing step 14 (before the start)."""
-    st = _St(13, policy)
-    return FaultSet([_fault(name, severity)], st), st
 
 
 def test_the_fresh3_kinds_are_registered_with_labels_in_the_taxonomy_or_outside_it():
@@ -57,7 +39,7 @@ def test_the_fresh3_kinds_are_registered_with_labels_in_the_taxonomy_or_outside_
 @pytest.mark.parametrize("severity,lo,hi", [("subtle", 0.15, 0.45), ("obvious", 0.8, 0.98)])
 def test_reward_silent_timeout_zeroes_a_fraction_of_samples_without_an_error(severity, lo, hi):
     groups = [make_group(f"t{i}", (1, 2), [1.0, 0, 1.0, 0.0], [True, False, True, False]) for i in range(60)]
-    fs, st = _before_and_after("reward_silent_timeout", severity)
+    fs, st = fault_before_start("reward_silent_timeout", severity)
     assert fs.end_rollout(groups) == groups  # before its start
     st.step = 14
     out = fs.end_rollout(groups)
@@ -87,7 +69,7 @@ def test_old_logp_nan_puts_nan_on_a_fraction_of_loss_tokens_only(severity, lo, h
     mask = (torch.rand(64, 200, generator=torch.Generator().manual_seed(0)) < 0.5).float()
     b = dataclasses.replace(_batch(), loss_mask_BT=mask)
     old = torch.full((64, 200), -0.7)
-    fs, st = _before_and_after("old_logp_nan", severity)
+    fs, st = fault_before_start("old_logp_nan", severity)
     assert fs.on_old_logp(old, b) is old
     st.step = 14
     out = fs.on_old_logp(old, b)
@@ -101,7 +83,7 @@ def test_grad_garbage_rows_replaces_a_fraction_of_matrix_rows_with_garbage(sever
     params = [torch.nn.Parameter(torch.zeros(400, 8)), torch.nn.Parameter(torch.zeros(8))]
     for q in params:
         q.grad = torch.ones_like(q)
-    fs, st = _before_and_after("grad_garbage_rows", severity)
+    fs, st = fault_before_start("grad_garbage_rows", severity)
     fs.before_optimizer_step(None, None, params)
     assert all(bool((q.grad == 1).all()) for q in params)  # before its start
     st.step = 14
@@ -119,7 +101,7 @@ def test_grad_garbage_rows_replaces_a_fraction_of_matrix_rows_with_garbage(sever
 
 def test_advantage_credit_cut_keeps_only_the_first_response_token_of_each_row():
     b = _batch()
-    fs, st = _before_and_after("advantage_credit_cut", "obvious")
+    fs, st = fault_before_start("advantage_credit_cut", "obvious")
     assert fs.on_batch(b) is b
     st.step = 14
     out = fs.on_batch(b)
@@ -133,7 +115,7 @@ def test_advantage_credit_cut_subtle_cuts_a_fraction_of_rows():
     mask = torch.zeros(200, 6)
     mask[:, 1:5] = 1
     b = dataclasses.replace(_batch(), loss_mask_BT=mask, advantages_BT=mask.clone())
-    out = _fault("advantage_credit_cut", "subtle").on_batch(b, 15)
+    out = make_fault("advantage_credit_cut", "subtle").on_batch(b, 15)
     cut = out.advantages_BT.sum(-1) == 1  # one token of credit left
     assert 0.25 < float(cut.float().mean()) < 0.55
     assert bool((out.advantages_BT[~cut] == mask[~cut]).all()) and bool((out.advantages_BT[cut, 1] == 1).all())
@@ -164,7 +146,7 @@ def test_ratio_vs_reference_puts_the_start_weights_log_probs_in_pi_olds_place(se
                             advantages_BT=torch.zeros(40, 6), seq_group_B=torch.arange(40), seq_traj_B=torch.arange(40))
     cfg = TetherConfig()
     ref = compute_batch_logprobs(pol, b, cfg.rollout.sampling.temperature, cfg.train.micro_batch_tokens)
-    fs, st = _before_and_after("ratio_vs_reference", severity, pol)
+    fs, st = fault_before_start("ratio_vs_reference", severity, pol)
     with torch.no_grad():
         for q in pol.model.parameters():
             q.add_(0.05)  # the policy moves after the faults were set up; the reference does not
@@ -186,7 +168,7 @@ def test_ratio_vs_reference_puts_the_start_weights_log_probs_in_pi_olds_place(se
                                             ("obvious", ["34", "34", "34", "a_b"])])
 def test_prompt_symbols_stripped_removes_the_cleaners_characters_from_prompts_only(severity, want):
     probs = [{"id": i, "prompt": p, "answer": "7"} for i, p in enumerate(["3*4=", "3+4=", "3-4=", "`a_b`="])]
-    fs, st = _before_and_after("prompt_symbols_stripped", severity)
+    fs, st = fault_before_start("prompt_symbols_stripped", severity)
     assert fs.begin_rollout(probs, None)[0] == probs
     st.step = 14
     out = fs.begin_rollout(probs, None)[0]
@@ -205,7 +187,7 @@ def _logits(policy, ids):
 def test_sampler_dropout_runs_the_engine_on_current_weights_with_dropout(severity, p):
     pol = _tiny_llama()
     ids = torch.randint(1, 32, (2, 5), generator=torch.Generator().manual_seed(2))
-    fs, st = _before_and_after("sampler_dropout", severity, pol)
+    fs, st = fault_before_start("sampler_dropout", severity, pol)
     fs.begin_rollout([], None)
     assert st.policy is pol
     fs.end_rollout([])
@@ -240,7 +222,7 @@ def test_token_ids_shifted_moves_response_ids_up_by_one_within_the_vocabulary(se
     b = dataclasses.replace(_batch(), input_ids_BT=ids, loss_mask_BT=mask, attention_mask_BT=torch.ones(400, 6, dtype=torch.bool),
                             rollout_logp_BT=torch.zeros(400, 6), advantages_BT=mask.clone())
     pol = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=6)))
-    fs, st = _before_and_after("token_ids_shifted", severity, pol)
+    fs, st = fault_before_start("token_ids_shifted", severity, pol)
     assert fs.on_batch(b) is b
     st.step = 14
     out = fs.on_batch(b)

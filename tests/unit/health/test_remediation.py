@@ -15,7 +15,7 @@ from tether.health.remediation import ACTIONS, do_rollback, take_snapshot
 from tether.optim import build_optimizer, build_scheduler
 from tether.policy.hf import HFPolicy
 from tether.settings import RunSettings
-from tether.train.update import UpdateState
+from tether.train.step import UpdateState
 from health_helpers import healthy_row
 
 

@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from tether.train.update import UpdateState
+from tether.train.step import UpdateState
 
 from tiny_policy_helpers import make_tiny_policy
 

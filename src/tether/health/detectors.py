@@ -166,8 +166,9 @@ class GradSpikeDetector(Detector):
 
     name, mode = "grad_spike", "grad_explosion"
     defaults = {"factor": 4.0, "z": 8.0}
-    # on two steps running (not 2 of 3): healthy runs on an Intel Xeon (2026-12-04) had isolated spikes
-    # (72x, then 13x two steps later) that Adam absorbed; an update that is too large is large every step
+    # on two steps running (not 2 of 3): healthy runs on an Intel Xeon (2026-12-04) had isolated spikes that
+    # Adam absorbed (up to 64x the baseline median, 9 of 60 runs above 8x: health_thresholds_2026-12-04.json);
+    # an update that is too large is large every step
     window = 2
 
     def evaluate(self, h, ctx):
@@ -194,8 +195,8 @@ class KLExplosionDetector(Detector):
     healthy faultbench runs (AMD EPYC, 2026-12-02; 1 and 2 threads, 1 and 3 epochs) the median KL of
     6-step windows sat at <= 2.8x (95th percentile 1.9x) the median of the first steps. The window's
     largest step is left out of its mean: on another CPU (Intel Xeon, 2026-12-04) healthy runs had
-    single steps at 47x their baseline that recovered the next step, which alone lifted a 4-step
-    mean past the bar (2 of 60 healthy runs)."""
+    single steps up to 35x their baseline median that recovered the next step (2 of 60 above 20x),
+    which alone lifted a 4-step mean past the bar (benchmarks/results/health_thresholds_2026-12-04.json)."""
 
     name, mode = "kl_explosion", "kl_explosion"
     defaults = {"factor": 8.0, "z": 10.0, "floor": 1e-3, "sustained": 4.0, "k": 4}

@@ -108,6 +108,8 @@ class KLProbeDetector(Detector):
 class ForwardMismatchDetector(Detector):
     """The trainer's gradient forward disagrees with its own scoring pass before any optimizer step."""
 
+    # rule `old_logp`: on the extended benchmark kl_pre_sampler / kl_pre was <= 6e-13 with pi_old's rows
+    # shuffled and exactly 1 with a trainer-only layer (health_thresholds_2026-12-04.json): `odd` 0.1 splits them
     name, mode, needs_baseline = "forward_mismatch", "rollout_mismatch", False
     defaults = {"kl": 1e-3, "odd": 0.1}
 
@@ -199,10 +201,11 @@ class GradMemoryDetector(Detector):
     """Each step's gradient points where the previous steps' did: gradients that are not cleared.
 
     `update/grad_cos_prev` is the cosine between the first optimizer step's gradient of a step and
-    the previous step's (fresh batches: nearly independent draws). On healthy faultbench runs
-    (AMD EPYC, 2026-12-04, 30 steps) single steps ranged -0.32..0.45 and 3-step means stayed below
-    0.3; gradients that keep the previous steps' (a lost zero_grad) sat at 0.5-0.9 (half of them
-    kept) and 0.95-0.99 (all kept). The bar: the mean of the last `k` steps above `floor` (0.55) and
+    the previous step's (fresh batches: nearly independent draws). On 60 healthy runs of the extended
+    fault benchmark (Intel Xeon, 2026-12-04; plain, 2 threads, KL anchor) single steps ranged
+    -0.85..0.87 but no 3-step mean passed 0.44; gradients that keep every previous step's (a lost
+    zero_grad) sat at a median 0.96, ones that keep half of them at a median 0.35 - mostly under the
+    bar (benchmarks/results/health_thresholds_2026-12-04.json). The bar: the mean of the last `k` steps above `floor` (0.55) and
     `margin` (0.35) above the baseline median - or above `absolute` (0.9) whatever the baseline
     (gradients carried over from the first step leave no healthy baseline to compare with)."""
 

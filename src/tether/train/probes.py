@@ -72,8 +72,9 @@ def fill_probe_rows(rows: torch.Tensor, before_KT: torch.Tensor, batch_rows: tor
 
 def probe_size(rows: int) -> int:
     """Probe rows of a batch of `rows` sequences: 1/32 of it, 4 to 16. Their no-grad forward after the
-    update is the layer's largest cost: on the demo (128 sequences) 8 rows took 38 ms of a 1.9 s step,
-    4 rows 23 ms (benchmarks/results/health_overhead.json)."""
+    update is the layer's largest cost: on the demo (128 sequences) the probes took 5.0 s of 40 steps
+    with 8 rows and 1.7 s with 4 (benchmarks/results/health_overhead_8rows_2026-12-04.json,
+    health_overhead.json)."""
     return min(16, max(4, rows // 32))
 
 

@@ -10,7 +10,7 @@ taxonomy    reward_cached_by_prompt (reward: misaligned_reward), finished_rows_m
             (credit_assignment: loss_mask_bug), adam_eps_inflated (optimisation: no_progress),
             sync_quantised (system: rollout_mismatch)
 outside     loader_sorted_by_answer (data), ref_from_base (optimisation), trainer_prompt_prefix
-            (system), old_logp_next_token (credit_assignment): `cause = UNEXPLAINED`, no cause of
+            (system), old_logp_unshifted (credit_assignment): `cause = UNEXPLAINED`, no cause of
             the taxonomy describes their mechanism
 """
 
@@ -97,30 +97,43 @@ class FinishedRowsMasked(Fault):
 
 
 @register_fault
-class OldLogpNextToken(Fault):
-    """pi_old's log-probs are sliced one position late: the scoring pass takes the logits of
-    position t+1 for token t (trl#3681, GRPO's per-token log-prob slicing that does not line up
-    with the completion ids; prime-rl PR#1525, a refactor review that found the trainer's
-    log-probs one position off the inference log-probs, the loss mask and the advantages). Every
-    response token's pi_old is the next token's; the last response token's reads the position
-    past the response, which holds no log-prob (0.0). The rollout log-probs, the mask and the
-    advantages are right. `subtle`: the rows of one code path (a fraction `p`); `obvious`: all
-    rows. Outside the taxonomy: the sampler's and the trainer's forwards are the same and the
-    advantages, rewards and mask are right; what is wrong is the alignment of the ratio's
-    denominator within each row, which no cause names."""
+class OldLogpUnshifted(Fault):
+    """pi_old's scoring pass gathers each token's log-prob from the logits of its own position
+    instead of the previous one: log P(x_t | x_<=t), the distribution that predicts the *next*
+    token, evaluated at x_t (AI-Hypercomputer/maxtext#2103: log-probs "computed as log P(token[t] |
+    tokens[0..t]) (same-position logits) ... This off-by-one alignment makes real tokens look
+    extremely unlikely"; lucidrains/PaLM-rlhf-pytorch#31, the shift of the action logits, "turns
+    out there was a bug"; prime-rl PR#1525, a review that found trainer log-probs one position off
+    the inference log-probs). The rollout log-probs, the mask and the advantages are right, and
+    the loss's own forward is aligned; only the ratio's denominator (and the importance weights
+    built from it) is scored misaligned. `subtle`: the rows of one code path (a fraction `p`);
+    `obvious`: all rows. Outside the taxonomy: the sampler's and the trainer's forwards are the
+    same and the advantages, rewards and mask are right; what is wrong is the alignment of pi_old's
+    logits with its labels, which no cause names."""
 
-    name, family, cause, seam = "old_logp_next_token", "credit_assignment", UNEXPLAINED, "old_logp"
+    name, family, cause, seam = "old_logp_unshifted", "credit_assignment", UNEXPLAINED, "old_logp"
     severities = {"subtle": {"p": 0.3}, "obvious": {"p": 1.0}}
 
+    def install(self, st, cfg, step_fn):
+        self._temperature = float(cfg.rollout.sampling.temperature)
+
     def on_old_logp(self, old_BT, batch, step):
-        mask = batch.loss_mask_BT.to(old_BT.device) > 0
         rows = torch.tensor([self.coin(step, "row", b) < self.p["p"] for b in range(old_BT.shape[0])], device=old_BT.device)
-        nxt = torch.zeros_like(old_BT)
-        nxt[:, :-1] = old_BT[:, 1:]
-        nxt_in = torch.zeros_like(mask)
-        nxt_in[:, :-1] = mask[:, 1:]
-        late = torch.where(nxt_in, nxt, torch.zeros_like(old_BT))  # past the response: no log-prob
-        return torch.where(mask & rows[:, None], late, old_BT)
+        if not bool(rows.any()):
+            return old_BT
+        model = self.view.policy.model
+        dev = next(model.parameters()).device
+        same = torch.zeros_like(old_BT)
+        with torch.no_grad():
+            for s in range(0, old_BT.shape[0], 32):  # bounded memory: a few rows at a time
+                sel = slice(s, s + 32)
+                T = int(batch.attention_mask_BT[sel].sum(-1).max())
+                ids = batch.input_ids_BT[sel, :T].to(dev)
+                logits = model(input_ids=ids, attention_mask=batch.attention_mask_BT[sel, :T].long().to(dev)).logits
+                lp = torch.log_softmax(logits.float() / self._temperature, -1).gather(-1, ids[..., None])[..., 0]
+                same[sel, :T] = lp.to(old_BT)
+        hit = (batch.loss_mask_BT.to(old_BT.device) > 0) & rows[:, None]
+        return torch.where(hit, same, old_BT)
 
 
 # ----------------------------------------------------------------------------- optimisation

@@ -228,7 +228,9 @@ class LoaderSortedByAnswer(Fault):
     (one of four loader workers unshuffled); `obvious`: every slot. Outside the taxonomy: the
     problems are correct, distinct and not repeated more than a shuffled pass repeats them; what
     is wrong is their order (the batches are not a sample of the data), which no data cause
-    names."""
+    names. On the benchmark's one-digit arithmetic its effect on accuracy was within one seed's
+    noise (benchmarks/results/faultbench_fresh4_effect.json): group-relative advantages make the
+    order of the problems matter little there."""
 
     name, family, cause, seam = "loader_sorted_by_answer", "data", UNEXPLAINED, "data"
     severities = {"subtle": {"p": 0.25}, "obvious": {"p": 1.0}}

@@ -21,6 +21,7 @@ _LAZY = {
     "HealthMonitor": "tether.health.monitor",
     "compute_advantage_alignment": "tether.health.telemetry",
     "compute_mask_coverage": "tether.health.invariants",
+    "compute_token_agreement": "tether.health.invariants",
     "compute_trajectory_stats": "tether.health.telemetry",
     "compute_weights_fingerprint": "tether.health.telemetry",
     "build_faults": "tether.health.faults",

@@ -25,7 +25,7 @@ HALLMARK = 2.0
 # signals only a broken update/trainer forward/loss makes move: an update-size, reward or data
 # cause predicts none of them
 _UPDATE_INTERNALS = ("forward_mismatch", "loss_norm", "kl_probe", "progress:frozen", "progress:against", "loss_mask",
-                     "grad_memory")
+                     "grad_memory", "token_ids")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,9 @@ class Cause:
 
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("lr_too_high", "optimisation", "update size too large (learning rate, clipping off, too many epochs)",
-          {"grad_spike": 3, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
+          # a gradient spike alone is not an oversized update (Adam's step does not scale with the gradient):
+          # the update itself must show it (KL, update size, fast progress, drift)
+          {"grad_spike": 1, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
            "progress:fast": 4, "param_drift": 0.5},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
@@ -89,8 +91,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "stop RL against it (DeepSeek-R1 caps RM-based RL), retrain the RM on the policy's recent samples, "
           "or mix in a verifiable reward; down-weight the component"),
     Cause("noisy_reward", "reward", "noisy or mis-scaled reward (correct answers not reliably paid)",
-          {"reward_noise": 2, "reward_noise:correct_unpaid": 4, "reward_hacking": 1, "regression": 0.5,
-           "reward_linkage": -5, "proxy_reward": -3}, (),
+          # correct answers left unpaid make their problems look unsolvable (`data_shift:unsolvable`)
+          {"reward_noise": 2, "reward_noise:correct_unpaid": 4, "reward_noise:inconsistent": 4, "reward_hacking": 1,
+           "regression": 0.5, "data_shift:unsolvable": 0.5, "reward_linkage": -5, "proxy_reward": -3}, (),
           "check the verifier / judge on labelled samples; increase n or use a stricter verifier",
           quiet=_UPDATE_INTERNALS + ("reward_linkage:routed",)),
     Cause("misaligned_reward", "reward", "the reward scores the wrong thing (inverted, or attached to the wrong samples)",
@@ -138,7 +141,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
           ("halt",),
           "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync",
-          quiet=("forward_mismatch", "sampler_state", "stale_weights:foreign")),
+          quiet=("forward_mismatch", "sampler_state", "stale_weights:foreign", "stale_weights:jump", "token_ids")),
     Cause("rollout_mismatch", "system", "the sampler's and the trainer's forwards differ (sampling settings, numerics, "
           "non-parameter state, weights converted wrong by the sync, a trainer-only layer)",
           {"logp_gap": 3, "logp_floor": 3, "logp_gap:sawtooth": -2, "stale_weights": -3, "entropy_collapse": 0.3,
@@ -148,7 +151,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "trainer's gradient forward with its scoring pass; keep TIS/MIS on",
           # pi_old off while the training forward agrees with the sampler: no forward differs
           quiet=("loss_mask", "stale_weights:checksum", "loss_norm", "progress:frozen", "forward_mismatch:old_logp",
-                 "grad_memory")),
+                 "grad_memory", "token_ids", "stale_weights:jump")),
     Cause("sampler_duplicates", "system", "the sampler returns copies within a group (one seed per prompt)",
           {"duplicates": 6, "entropy_collapse": 0.5}, ("halt",),
           "seed every sample of a group separately (n samples per prompt must be independent draws)"),

@@ -67,14 +67,24 @@ class RewardHackingDetector(Detector):
 
 @register_detector
 class RewardNoiseDetector(Detector):
-    """The reward stopped tracking verified correctness: correct samples are paid less than
-    during the baseline (`correct_unpaid`), or the reward no longer ranks correct samples above
-    incorrect ones of the same group (`auc`): a noisy, broken or mis-scaled reward."""
+    """The reward stopped tracking verified correctness: identical responses to one prompt are
+    paid differently more often than during the baseline (`inconsistent`: a reward that is a
+    function of prompt and response never does it; a timing-out verifier, a sampled judge, a
+    random term does), correct samples are paid less than during the baseline
+    (`correct_unpaid`), or the reward no longer ranks correct samples above incorrect ones of the
+    same group (`auc`): a noisy, broken or mis-scaled reward."""
 
     name, mode = "reward_noise", "reward_noise"
-    defaults = {"drop": 0.12, "unpaid": 0.12}
+    defaults = {"drop": 0.12, "unpaid": 0.12, "split": 0.05}
 
     def evaluate(self, h, ctx):
+        # a baseline, not 0: a reward with a deliberate random term pays identical responses differently from step 1
+        base, x = h.baseline("health/reward_split_clusters", abs_floor=0.01), _recent_mean(h, "health/reward_split_clusters", 2)
+        if base is not None and x is not None and x > base.median + max(self.p["split"], 4 * base.scale):
+            level = 2 if x > base.median + 4 * self.p["split"] else 1
+            return level, (f"identical responses to one prompt are paid differently in {x:.0%} of their clusters "
+                           f"(baseline {base.median:.0%})"), {"health/reward_split_clusters": _ev(x, base),
+                                                             "rule": "inconsistent"}
         # no relative floor: a verifier pays every correct sample exactly 1 (scale 0), and 5% of that would
         # hide a fifth of them going unpaid; `unpaid` is the absolute bar
         base = h.baseline("health/reward_correct_mean", rel_floor=0.0, abs_floor=0.01)
@@ -192,12 +202,24 @@ class StaleWeightsDetector(Detector):
     engine is not receiving the trainer's weights. Rule `foreign` instead when some of the rollout's
     weight tensors match no recent version of the trainer's at all (per-tensor sums): the sync
     delivers, but converts, reorders or corrupts them (a fused-projection split in the wrong
-    order, a wrong dtype cast) - a mismatch of the forwards, not staleness."""
+    order, a wrong dtype cast) - a mismatch of the forwards, not staleness. Rule `jump` one step
+    later when that happened at one step only, between steps whose weights matched: a sync that
+    converts wrong does it at every step; once means the trainer's own weights were written
+    outside the optimizer (a checkpoint reload that re-initialised tensors, an in-place edit) and
+    the next version carried them - neither a stale sync nor a sampler mismatch."""
 
     name, mode, needs_baseline = "stale_weights", "stale_weights", False
     persist = 1
 
     def evaluate(self, h, ctx):
+        last = [r for r in h.rows if r["step"] not in h.discarded][-3:]
+        if len(last) == 3 and [finite(r.get("health/weights_mismatch")) for r in last] == [0.0, 1.0, 0.0] and (
+                finite(last[1].get("health/weights_foreign_frac")) or 0.0) > 0:
+            foreign = finite(last[1].get("health/weights_foreign_frac"))
+            return 2, (f"at step {last[1]['step']} only, {foreign:.0%} of the rollout's weight tensors matched no version of "
+                       "the trainer's, and the next version matched again: the trainer's weights were written outside the "
+                       "optimizer once (a reload, an in-place edit), not a sync that converts"), {
+                "health/weights_foreign_frac": {"value": round(foreign, 4), "step": last[1]["step"]}, "rule": "jump"}
         if finite(h.latest("health/weights_mismatch")) == 1.0:
             r = finite(h.latest("health/rollout_version_min"))
             foreign = finite(h.latest("health/weights_foreign_frac"))

@@ -249,3 +249,26 @@ class LossMaskDetector(Detector):
             return OK
         return 2, f"the loss mask covers {n:.0f} tokens; {lo:.0f}-{hi:.0f} were sampled", {
             "batch/loss_tokens": {"value": n, "sampled": hi, "sampled_ok": lo}, "rule": "coverage"}
+
+
+@register_detector
+class TokenIdsDetector(Detector):
+    """The loss scores other token ids than the sampler drew at the sampled positions
+    (`health/token_mismatch`, 0 in every correct step): a re-tokenisation of the response, a
+    vocabulary map between engine and trainer, ids shifted on the way. The rewards, advantages
+    and sampler log-probs belong to the sampled tokens; the loss raises others. No cause of the
+    taxonomy is this mechanism (the forwards can agree exactly), so the diagnosis reports it as an
+    unexplained anomaly with this evidence."""
+
+    name, mode, needs_baseline = "token_ids", "token_ids", False
+    persist = 1
+
+    def evaluate(self, h, ctx):
+        x = finite(h.latest("health/token_mismatch"))
+        if x is None or x <= 0:
+            return OK
+        rows = finite(h.latest("health/token_mismatch_rows")) or 0.0
+        return 2, (f"the loss scores other token ids than the sampler drew at {x:.1%} of the sampled positions "
+                   f"({rows:.0%} of the rows)"), {
+            "health/token_mismatch": {"value": round(x, 5)}, "health/token_mismatch_rows": {"value": round(rows, 4)},
+            "rule": "ids"}

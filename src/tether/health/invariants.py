@@ -1,7 +1,8 @@
 """Signals of invariants every correct RL step keeps, whatever the model or task (no fault model):
-what the loss mask covers position by position, whether a group's samples were drawn
-independently, whether a prompt carries its own answer, whether rewards reach the samples they
-score, and the parameters' norm (the sampler's buffers: `telemetry.compute_buffers_fingerprint`).
+what the loss mask covers position by position, whether the trainer is handed the token ids the
+sampler drew, whether a group's samples were drawn independently, whether a prompt carries its own
+answer, whether rewards reach the samples they score and pay identical responses alike, and the
+parameters' norm (the sampler's buffers: `telemetry.compute_buffers_fingerprint`).
 
 Each function is pure and cheap (O(tokens) or O(parameters) of one step); the monitor and the
 train batch write their results into the step's metrics row (`health/*`), and the detectors of
@@ -59,6 +60,25 @@ def compute_mask_coverage(loss_mask_BT: torch.Tensor, sampled_BT: torch.Tensor, 
         "health/mask_missed_first": float((~m[r, first] & okB).sum()) / rows,
         "health/mask_shifted": float((shifted & okB).sum()) / rows,
     }
+
+
+def compute_token_agreement(batch_ids_BT: torch.Tensor, sampled_ids_BT: torch.Tensor, sampled_BT: torch.Tensor,
+                            ) -> dict[str, float]:
+    """The token ids the loss scores against the ids the sampler drew, at the sampled positions
+    (the trainer must score the engine's tokens, never a re-tokenisation or a remapped copy of
+    them: 0 in every correct step). `batch_ids_BT`: the ids of the batch the loss sees;
+    `sampled_ids_BT`: the trajectories' ids laid out the same way; `sampled_BT` [B, T] bool.
+
+    health/token_mismatch       sampled positions whose id in the loss's batch differs / sampled positions
+    health/token_mismatch_rows  rows with at least one such position / rows with sampled positions
+    """
+    s = sampled_BT.bool()
+    if batch_ids_BT.shape != sampled_ids_BT.shape or s.shape != batch_ids_BT.shape or not s.any():
+        return {}
+    diff = (batch_ids_BT.cpu() != sampled_ids_BT.cpu()) & s.cpu()
+    rows = s.any(-1)
+    return {"health/token_mismatch": float(diff.sum()) / float(s.sum()),
+            "health/token_mismatch_rows": float(diff.any(-1).sum()) / float(rows.sum())}
 
 
 # ----------------------------------------------------------------------------- duplicates within a group
@@ -163,6 +183,34 @@ def compute_reward_routing(groups: Sequence[Any]) -> dict[str, float]:
             "health/reward_routed_frac": routed / disagree if disagree else float("nan")}
 
 
+def compute_reward_consistency(groups: Sequence[Any]) -> dict[str, float]:
+    """Does the reward pay identical responses to one prompt alike? A reward that is a function
+    of the prompt and the response (a verifier, a reward model, a rubric) must; a verifier that
+    times out under load, a judge sampled at a temperature or a reward with a random term does
+    not. Single-turn samples that were scored (outcome OK) only; identical = the same prompt and
+    response token ids (a group holding samples of other prompts is a grouping bug, not this).
+
+    health/reward_split_clusters  clusters of >= 2 identical responses of a group whose rewards
+                                  differ / such clusters (absent when no group has one)
+    health/reward_split_verdicts  the same for their verdicts (`correct`)
+    """
+    clusters = split = split_verdicts = 0
+    for g in groups:
+        by: dict[Any, list[Any]] = {}
+        for t in g.trajectories:
+            if len(t.turns) == 1 and t.reward.outcome == Outcome.OK:
+                by.setdefault((t.turns[0].context_ids, t.response_ids), []).append(t.reward)
+        for rs in by.values():
+            if len(rs) < 2:
+                continue
+            clusters += 1
+            split += max(r.total for r in rs) - min(r.total for r in rs) > 1e-6
+            split_verdicts += len({r.correct for r in rs}) > 1
+    if not clusters:
+        return {}
+    return {"health/reward_split_clusters": split / clusters, "health/reward_split_verdicts": split_verdicts / clusters}
+
+
 # ----------------------------------------------------------------------------- parameters and buffers
 
 
@@ -176,4 +224,4 @@ def compute_param_norm(model: Any) -> float:
 
 
 __all__ = ["compute_answer_leakage", "compute_duplicate_stats", "compute_mask_coverage",
-           "compute_param_norm", "compute_reward_routing"]
+           "compute_param_norm", "compute_reward_consistency", "compute_reward_routing", "compute_token_agreement"]

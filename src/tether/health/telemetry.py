@@ -122,12 +122,14 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
     out["health/action_tokens_ok"] = float(sum(t.num_action_tokens for t in trajs if t.reward.outcome == Outcome.OK))
     out.update(_reward_linkage(trajs, len(groups[0].trajectories) if groups else 1))
     from tether.health.detectors_learned import compute_component_agreement
-    from tether.health.invariants import compute_answer_leakage, compute_duplicate_stats, compute_reward_routing
+    from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_reward_consistency,
+                                          compute_reward_routing)
 
     out.update(compute_component_agreement(groups))  # health/reward_agreement/<component>
     out.update(compute_duplicate_stats(groups))
     out.update(compute_answer_leakage(groups))
     out.update(compute_reward_routing(groups))
+    out.update(compute_reward_consistency(groups))
     return out
 
 

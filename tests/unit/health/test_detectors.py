@@ -43,7 +43,7 @@ CASES = {
 
 
 SANITY = {"logp_floor", "update_size", "advantage_invariants", "group_structure", "reward_linkage", "accuracy_drop",
-          "loss_mask"}  # absolute checks: from step 1, tested in test_sanity.py
+          "loss_mask", "token_ids"}  # absolute checks: from step 1, tested in test_sanity.py
 PROGRESS = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates",
             "answer_leak", "grad_memory"}  # progress and invariant checks: tested in test_progress.py
 
@@ -263,3 +263,18 @@ def test_a_fifth_of_the_correct_samples_unpaid_by_a_verifier():
     found = replay(series(30, 3, pay(0.8)), detector="reward_noise")
     assert found and 15 <= found[0].step <= 17 and found[0].evidence["rule"] == "correct_unpaid"
     assert replay(series(30, 3, pay(1.0)), detector="reward_noise") == []
+
+
+def test_identical_responses_paid_differently_is_noise_against_a_baseline():
+    """`inconsistent`: a deterministic reward splits no cluster of identical responses; a verifier that
+    starts timing out at step 15 splits a third of them (critical); a reward with a random term that split
+    a fifth of them from step 1 (its baseline) is not a new fault."""
+    split = lambda before, after: {"s": _set("health/reward_split_clusters",  # noqa: E731
+                                             lambda r, s: before if s < 15 else after)}
+    found = replay(series(30, 3, split(0.0, 0.3), start=1), detector="reward_noise")
+    assert found and 15 <= found[0].step <= 16 and found[0].evidence["rule"] == "inconsistent"
+    assert any(f.severity == "critical" for f in found)
+    from tether.health.diagnosis import diagnose
+    assert diagnose(found)[0].cause == "noisy_reward"
+    assert replay(series(30, 3, split(0.2, 0.2), start=1), detector="reward_noise") == []
+    assert replay(series(30, 3, split(0.0, 0.0), start=1), detector="reward_noise") == []

@@ -3,6 +3,7 @@ each on a hand-built input whose answer is computed by hand in the comments."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 
 from tether.algos import compute_agg_norm
 from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_mask_coverage,
-                                      compute_param_norm, compute_reward_routing)
+                                      compute_param_norm, compute_reward_consistency, compute_reward_routing,
+                                      compute_token_agreement)
 from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
 from tether.train.probes import (NormCheck, PreSamplerKL, choose_probe_rows, compute_cosine, compute_grad_sketch,
                                  compute_logp_progress, compute_step_stats)
@@ -130,6 +132,49 @@ def test_noise_changes_how_many_samples_a_group_pays():
 def test_agreeing_rewards_have_nothing_to_route():
     out = compute_reward_routing([make_group("a", (1,), [1.0, 0.0], [True, False])])
     assert out["health/reward_disagree_groups"] == 0.0 and math.isnan(out["health/reward_routed_frac"])
+
+
+def test_identical_responses_paid_differently_split_their_cluster():
+    # group a: responses X, X, X, Y with rewards 1, 0, 1, 0 -> cluster {X x3} split (rewards 1/0, verdicts T/F)
+    a = make_group("a", (1,), [1.0, 0.0, 1.0, 0.0], [True, False, True, False], [(5, 2), (5, 2), (5, 2), (6, 2)])
+    # group b: X, X paid alike -> a cluster, not split; Z alone is no cluster
+    b = make_group("b", (1,), [1.0, 1.0, 0.0], [True, True, False], [(5, 2), (5, 2), (7, 2)])
+    out = compute_reward_consistency([a, b])
+    assert out == {"health/reward_split_clusters": 0.5, "health/reward_split_verdicts": 0.5}
+
+
+def test_identical_responses_to_different_prompts_are_no_cluster():
+    # a grouping bug puts another prompt's sample in the group: the same response may rightly be paid otherwise
+    g = make_group("a", (1,), [1.0, 0.0], [True, False], [(5, 2), (5, 2)])
+    other = dataclasses.replace(g.trajectories[1], turns=(dataclasses.replace(g.trajectories[1].turns[0], context_ids=(9,)),))
+    assert compute_reward_consistency([dataclasses.replace(g, trajectories=(g.trajectories[0], other))]) == {}
+    assert compute_reward_consistency([make_group("b", (1,), [1.0, 0.0], [True, False])]) == {}  # all distinct
+
+
+def test_a_silent_verifier_timeout_splits_clusters_of_correct_answers():
+    """reward_silent_timeout (faults/fresh3.py) zeroes a share of the scored samples with their verdict: what
+    the check guards, injected exactly."""
+    from health_helpers import make_fault
+
+    groups = [make_group(f"t{i}", (i,), [1.0] * 8, [True] * 8, [(5, 2)] * 8) for i in range(16)]
+    assert compute_reward_consistency(groups)["health/reward_split_clusters"] == 0.0
+    hit = make_fault("reward_silent_timeout", "obvious").on_rollouts(groups, 20)
+    # obvious: 90% of the samples zeroed; a cluster of 8 stays whole only when all or none of them are (~0.43 +
+    # 1e-8): 16 clusters, each split with probability ~0.57 by the fault's own coin
+    assert compute_reward_consistency(hit)["health/reward_split_clusters"] >= 0.5
+
+
+def test_token_agreement_compares_ids_at_the_sampled_positions_only():
+    sampled = torch.tensor([[False, True, True, False], [False, False, True, True]])
+    ids = torch.tensor([[1, 5, 6, 0], [1, 2, 7, 8]])
+    assert compute_token_agreement(ids.clone(), ids, sampled) == {"health/token_mismatch": 0.0,
+                                                                  "health/token_mismatch_rows": 0.0}
+    edited = ids.clone()
+    edited[0, 3] = 9  # a pad position: not sampled, not counted
+    edited[1, 3] = 9  # a sampled position: 1 of 4, in 1 of 2 rows
+    assert compute_token_agreement(edited, ids, sampled) == {"health/token_mismatch": 0.25,
+                                                             "health/token_mismatch_rows": 0.5}
+    assert compute_token_agreement(edited, ids[:, :3], sampled) == {}  # shapes differ: nothing to compare
 
 
 # ----------------------------------------------------------------------------- parameters and buffers

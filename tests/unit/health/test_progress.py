@@ -105,6 +105,22 @@ def test_a_sync_that_delivers_wrong_tensors_is_not_a_stale_one():
     assert "stale_weights" in next(h for h in hyps if h.cause == "stale_weights").contradicted
 
 
+def test_weights_written_outside_the_optimizer_once_are_not_a_sync_that_converts():
+    """Foreign tensors at one step only, the next version matching again (a reload that re-initialised
+    tensors: the next version carries them): rule `jump` one step later, which rules out both a sync
+    mismatch and a stale sync. A converter that is wrong at every step never gives it."""
+    once = lambda r, s: r.update({"health/weights_mismatch": 1.0, "health/weights_foreign_frac": 0.05} if s == 15  # noqa: E731
+                                 else {"health/weights_mismatch": 0.0})
+    found = _run("stale_weights", once)
+    assert [(f.step, f.evidence["rule"]) for f in found] == [(15, "foreign"), (16, "jump")]
+    assert "step 15 only" in found[1].message
+    hyps = diagnose(found + [_f("logp_gap", step=15)])
+    assert hyps[0].cause == UNEXPLAINED
+    assert all("stale_weights" in h.contradicted for h in hyps if h.cause in ("rollout_mismatch", "stale_weights"))
+    always = lambda r, s: r.update({"health/weights_mismatch": 1.0, "health/weights_foreign_frac": 0.25})  # noqa: E731
+    assert {f.evidence["rule"] for f in _run("stale_weights", always)} == {"foreign"}
+
+
 def test_gradients_carried_over_between_steps():
     f = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.97})), "grad_memory")
     assert f is not None and f.step <= 17 and f.severity == "critical" and f.evidence["rule"] == "carryover"  # a 3-step mean

@@ -74,10 +74,11 @@ def _drive(mon, st, cfg, steps, edit, direct=False, seed=0):
 
 
 def _run(mon, st, cfg, steps, sick):
-    """`sick(st, step)`: whether the fault shows (as a grad-norm spike) at this step."""
+    """`sick(st, step)`: whether the fault shows (as an oversized update: a grad-norm spike and a per-update
+    KL far above its baseline) at this step."""
     def edit(row, step):
         if sick(st, step):
-            row["grad_norm"] = 12.0
+            row["grad_norm"], row["approx_kl"] = 12.0, 0.3
     return _drive(mon, st, cfg, steps, edit)
 
 
@@ -89,8 +90,8 @@ def test_lower_lr_repairs_an_lr_fault_and_is_kept():
     events = [(a["event"], a["action"]) for a in mon.actions]
     assert events == [("apply", "lower_lr"), ("keep", "lower_lr")]
     assert mon.actions[0]["rollback_to"] < 15
-    assert st.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
-    assert st.scheduler.base_lrs[0] == pytest.approx(3e-4)
+    lr = st.optimizer.param_groups[0]["lr"]  # 0.3x or less: the KL's 35x over its baseline asks for more
+    assert lr <= 3e-4 + 1e-12 and st.scheduler.base_lrs[0] == pytest.approx(lr)
 
 
 def test_failed_repairs_are_reverted_then_the_run_halts_while_damage_persists():

@@ -206,3 +206,19 @@ def test_task_normalised_advantages_are_not_checked_as_group_relative():
     assert build_context(cfg).advantage == "grpo"
     ctx = build_context(TetherConfig.model_validate({"algo": {"advantage": {"task_norm": "task"}}}))
     assert first(run(lambda r, s: r.update({"advantage/group_mean_max": 0.3}), ctx=ctx), "advantage_invariants") is None
+
+
+def test_the_loss_scoring_other_token_ids_than_sampled_is_critical_at_once_and_unexplained():
+    """`token_ids`: exact (0 in every correct step). With the log-prob gap it opens, the diagnosis
+    does not name a sampler mismatch or a stale sync (the forwards agree; the ids differ)."""
+    assert first(run(lambda r, s: r.update({"health/token_mismatch": 0.0})), "token_ids") is None
+
+    def shifted(r, s):
+        r.update({"health/token_mismatch": 0.12, "health/token_mismatch_rows": 1.0, "logp_gap_mean": 2.0})
+    found = run(shifted)
+    f = first(found, "token_ids")
+    assert f is not None and f.step == 1 and f.severity == "critical" and f.evidence["rule"] == "ids"
+    assert first(found, "logp_floor") is not None
+    hyp = diagnose(found)
+    assert hyp[0].cause == "unexplained" and "token_ids" in {e["detector"] for e in hyp[0].evidence}
+    assert all(h.contradicted == ("token_ids",) for h in hyp if h.cause in ("rollout_mismatch", "stale_weights"))

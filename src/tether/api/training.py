@@ -11,12 +11,12 @@ under `tether train --resume`'s rules) or `overwrite=True` (replace it).
 
 from __future__ import annotations
 
-import time
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
 from tether.api.run import Run, open_run
+from tether.runs.lifecycle import default_run_dir
 
 
 def packaged_configs() -> list[str]:
@@ -38,11 +38,6 @@ def load_config(source=None, overrides: Sequence[str] = ()):
                               f"(packaged: {', '.join(packaged_configs())})")
         return load_yaml(Path(str(resources.files("tether.configs") / f"{source}.yaml")), list(overrides))
     return load_yaml(source, list(overrides))
-
-
-def default_run_dir(name: str) -> Path:
-    """runs/<name>-<timestamp>: where a run goes when no run_dir is given."""
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _run(kind: str, cfg, run_dir, resume: bool, overwrite: bool) -> Run:

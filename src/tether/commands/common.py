@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -16,6 +15,8 @@ from typing import Any, Callable, List, Optional
 import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
+
+from tether.runs.lifecycle import default_run_dir
 
 DEBUG = False  # --debug: errors propagate with their traceback instead of one line
 # An OSError with one of these errnos is the user's environment (path, permissions, disk), not a bug.
@@ -98,11 +99,6 @@ def load_config_or_fail(config: Optional[Path], overrides: List[str]) -> Any:
         return load_config(config, overrides)
     except ConfigError as err:
         fail_on(err)
-
-
-def default_run_dir(name: str) -> Path:
-    """`runs/<name>-<timestamp>`: where a command writes when no --run-dir (or --out) is given."""
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_failures() -> tuple[type[Exception], ...]:

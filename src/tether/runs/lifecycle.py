@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,6 +17,12 @@ MODEL_KEYS = (("model.path", False), ("distill.teacher", False), ("dpo.strong_mo
 # the step count a run of each kind plans
 PLANNED_STEPS = {"sft": "sft.steps", "rs_sft": "sft.steps", "rl": "train.steps", "rl_async": "train.steps",
                  "distill": "train.steps", "dpo": "dpo.steps", "rm": "rm.steps"}
+
+
+def default_run_dir(name: str) -> Path:
+    """`runs/<name>-<timestamp>` (relative to the working directory): where a run goes when no run
+    directory is given - by the Python API and by every command alike."""
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -77,4 +84,4 @@ def do_set_members(run_dir: str | os.PathLike[str], members: Sequence[dict[str, 
     return update_record(run_dir, **changes)
 
 
-__all__ = ["compute_parents", "do_finish_run", "do_set_members", "do_start_record", "enclosing_run"]
+__all__ = ["compute_parents", "default_run_dir", "do_finish_run", "do_set_members", "do_start_record", "enclosing_run"]

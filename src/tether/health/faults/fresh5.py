@@ -223,12 +223,14 @@ class SyncOneReplica(Fault):
     a few layers" / only rank 0's; the class of a broadcast loop over `vllm_engines` that serves
     one of them). The replicas take the rollouts in turn, one per step; an unsynced replica
     serves the weights of the fault's start step and reports the trainer's current version.
-    `subtle`: one replica of four is missed (stale weights one step in four); `obvious`: three
-    of four (stale three steps in four). Label stale_weights: the engine runs weights the sync
-    did not deliver."""
+    `subtle`: one replica of four is missed (stale weights one step in four); `obvious`: seven
+    of eight (stale seven steps in eight). The first effect check had `obvious` at three of four:
+    final_train_acc 0.39 vs 0.44 healthy, rollout accuracy 0.35 vs 0.37, within about one seed's
+    noise (benchmarks/results/faultbench_fresh5_effect.json), so it was made stronger once.
+    Label stale_weights: the engine runs weights the sync did not deliver."""
 
     name, family, cause, seam = "sync_one_replica", "system", "stale_weights", "weight_sync"
-    severities = {"subtle": {"replicas": 4, "stale": (3,)}, "obvious": {"replicas": 4, "stale": (1, 2, 3)}}
+    severities = {"subtle": {"replicas": 4, "stale": (3,)}, "obvious": {"replicas": 8, "stale": (1, 2, 3, 4, 5, 6, 7)}}
 
     def on_sampler(self, policy, sampling, step):
         if not hasattr(self, "_engine"):

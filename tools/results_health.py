@@ -124,7 +124,7 @@ def read_health_extended(d):
         "top1_t": _f((f.get("tuned") or {}).get("diagnosis_top1")), "top1_h": _f((f.get("held_out") or {}).get("diagnosis_top1")),
         "unexp": _k_of_n(f.get("unexplained_rate_outside"), f.get("outside_detected")),
         "note": f"\n*This run:* {p['note']}\n" if p.get("note") else "",
-        "held_module": p.get("held_module", "tether/health/faults/fresh4.py"),
+        "held_module": p.get("held_module", "tether/health/faults/fresh5.py"),
         "runs_line": p.get("runs_line") or (
             f"{f['runs']} runs of 30 RL steps, " + (f"{f['wall_seconds'] / 60:.0f} min on {p['workers']} workers" if not p.get("runs_reused")
             else f"resumed: the last {f['runs'] - p['runs_reused']} in {f['wall_seconds'] / 60:.0f} min on {p['workers']} workers")

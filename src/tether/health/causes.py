@@ -78,7 +78,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "reference follows the policy)",
           {"kl_probe": 6}, (),
           "compute the KL term with gradients to the policy; keep the reference a frozen copy of the starting "
-          "weights (LoRA: adapters off)"),
+          "weights (LoRA: adapters off)",
+          # a reference that jumped away pulls the policy somewhere: the anchor acts, towards the wrong model
+          quiet=("kl_probe:moved",)),
     Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
           {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3,
            "proxy_reward": -2},
@@ -114,8 +116,10 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           # a mask over unsampled positions compares the trainer's log-probs there with no sampled log-prob
           # and a mask over padding counts tokens no micro-batch trains (the normaliser check), over zero-advantage
           # positions un-centres the advantages the loss sees (the advantage invariants)
+          # and a mask that leaves tokens out of the loss leaves their gradient out (the update stalls; nothing moves
+          # when it covers none)
           {"loss_mask": 5, "loss_mask:position": 2, "length": 0.5, "truncation": 0.5, "logp_floor": 0.5, "logp_gap": 0.5,
-           "loss_norm": 1, "advantage_invariants": 1},
+           "loss_norm": 1, "advantage_invariants": 1, "progress:frozen": 1, "progress:stalled": 1},
           ("halt",), "build the mask from lengths and stop reasons (never token values: pad may equal eos)"),
     Cause("loss_norm_bug", "credit_assignment", "the loss normaliser does not count each token of the mini-batch once",
           {"loss_norm": 6}, ("halt",),

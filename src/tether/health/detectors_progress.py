@@ -78,11 +78,30 @@ class ProgressDetector(Detector):
 
 @register_detector
 class KLProbeDetector(Detector):
-    """A KL anchor that does nothing while its coefficient is on."""
+    """A KL anchor that does nothing while its coefficient is on (`detached`, `flat`), or whose
+    reference moved (`moved`): the KL to the reference stays above `jump` x its baseline for 3
+    steps while the per-update KL stays under `still` x its own - the policy did not move that
+    far by its updates, so the reference did (loaded from another checkpoint, swapped mid-run), or
+    the KL term pushes the policy away from it."""
 
     name, mode, needs_baseline = "kl_probe", "kl_inactive", False
-    defaults = {"k": 6, "flat": 2.0, "floor": 1e-4}
+    defaults = {"k": 6, "flat": 2.0, "floor": 1e-4, "jump": 3.0, "still": 3.0}
     persist = 1
+
+    def _moved(self, h: History):
+        # three steps each above the bar: a healthy KL-to-reference is noisy step to step (single steps up to 4x
+        # its median on the extended benchmark's healthy runs, three in a row at most 1.7x)
+        base, xs = h.baseline("kl_loss"), h.values("kl_loss", 3)
+        step_base, step = h.baseline("approx_kl"), _recent_mean(h, "approx_kl", 3)
+        if base is None or len(xs) < 3 or step_base is None or step is None or base.median <= 0:
+            return None
+        x = min(xs)
+        if x > self.p["jump"] * base.median and x > base.median + 4 * base.scale and step < self.p["still"] * step_base.median:
+            return 2, (f"the KL to the reference has stayed above {x:.3g} ({x / base.median:.1f}x its baseline) for 3 steps "
+                       f"while each update moves the policy as usual ({step:.3g}): the reference moved, or the KL term "
+                       "pushes the policy away from it"), {"kl_loss": _ev(x, base), "approx_kl": _ev(step, step_base),
+                                                           "rule": "moved"}
+        return None
 
     def evaluate(self, h: History, ctx: RunContext):
         live = finite(h.latest("update/kl_live"))
@@ -94,6 +113,8 @@ class KLProbeDetector(Detector):
                 and (finite(r.get("kl_coef")) or 0) > 0][-k:]
         if len(rows) < k or any(r.get("kl/reference_reset") for r in rows):
             return OK
+        if h.ready and (jumped := self._moved(h)) is not None:
+            return jumped
         kl_ref = sum(r["kl_loss"] for r in rows[-2:]) / 2
         per_update = [finite(r.get("approx_kl")) or 0.0 for r in h.rows if r["step"] not in h.discarded]
         moved = sum(per_update)  # how far the policy moved since the start (sum of per-update KLs)

@@ -253,9 +253,10 @@ class LossMaskDetector(Detector):
 
 @register_detector
 class TokenIdsDetector(Detector):
-    """The loss scores other token ids than the sampler drew at the sampled positions
-    (`health/token_mismatch`, 0 in every correct step): a re-tokenisation of the response, a
-    vocabulary map between engine and trainer, ids shifted on the way. The rewards, advantages
+    """The loss scores other tokens than the sampler saw and drew (`health/token_mismatch_rows`:
+    rows whose attended tokens differ, whatever the layout; `health/token_mismatch`: sampled
+    positions with another id; 0 in every correct step): a re-tokenisation, a vocabulary map
+    between engine and trainer, ids shifted on the way, a prefix the engine never saw. The rewards, advantages
     and sampler log-probs belong to the sampled tokens; the loss raises others. No cause of the
     taxonomy is this mechanism (the forwards can agree exactly), so the diagnosis reports it as an
     unexplained anomaly with this evidence."""
@@ -264,11 +265,11 @@ class TokenIdsDetector(Detector):
     persist = 1
 
     def evaluate(self, h, ctx):
-        x = finite(h.latest("health/token_mismatch"))
-        if x is None or x <= 0:
+        rows, x = finite(h.latest("health/token_mismatch_rows")), finite(h.latest("health/token_mismatch"))
+        if (rows is None or rows <= 0) and (x is None or x <= 0):
             return OK
-        rows = finite(h.latest("health/token_mismatch_rows")) or 0.0
-        return 2, (f"the loss scores other token ids than the sampler drew at {x:.1%} of the sampled positions "
-                   f"({rows:.0%} of the rows)"), {
-            "health/token_mismatch": {"value": round(x, 5)}, "health/token_mismatch_rows": {"value": round(rows, 4)},
-            "rule": "ids"}
+        where = (f"other ids at {x:.1%} of the sampled positions" if x is not None and x > 0 else
+                 "the sampled tokens in another context or layout (a prefix, a shift)")
+        return 2, f"the loss scores {where}: {rows or 0:.0%} of the rows differ from what the sampler saw and drew", {
+            "health/token_mismatch_rows": {"value": round(rows or 0.0, 4)},
+            **({"health/token_mismatch": {"value": round(x, 5)}} if x is not None else {}), "rule": "ids"}

@@ -62,23 +62,33 @@ def compute_mask_coverage(loss_mask_BT: torch.Tensor, sampled_BT: torch.Tensor, 
     }
 
 
-def compute_token_agreement(batch_ids_BT: torch.Tensor, sampled_ids_BT: torch.Tensor, sampled_BT: torch.Tensor,
-                            ) -> dict[str, float]:
-    """The token ids the loss scores against the ids the sampler drew, at the sampled positions
-    (the trainer must score the engine's tokens, never a re-tokenisation or a remapped copy of
-    them: 0 in every correct step). `batch_ids_BT`: the ids of the batch the loss sees;
-    `sampled_ids_BT`: the trajectories' ids laid out the same way; `sampled_BT` [B, T] bool.
+def compute_token_agreement(batch_ids_BT: torch.Tensor, batch_attn_BT: torch.Tensor, sampled_ids_BT: torch.Tensor,
+                            sampled_attn_BT: torch.Tensor, sampled_BT: torch.Tensor) -> dict[str, float]:
+    """The tokens the loss scores against the tokens the sampler saw and drew (the trainer must
+    score the engine's context and tokens, never a re-tokenisation, a remapped copy or an extra
+    prefix: 0 in every correct step). `batch_*`: the ids and attention mask of the batch the loss
+    sees; `sampled_*`: the trajectories' ids and attention mask as laid out when the batch was
+    built; `sampled_BT` [B, T] bool: the positions of sampled tokens in that layout.
 
-    health/token_mismatch       sampled positions whose id in the loss's batch differs / sampled positions
-    health/token_mismatch_rows  rows with at least one such position / rows with sampled positions
+    health/token_mismatch_rows  rows whose attended tokens (prompt and response, padding dropped)
+                                differ from the sampled row's, whatever the layout (a prefix, a
+                                shift, a remap) / rows; a row missing from either side counts
+    health/token_mismatch       with the layout kept (same shape): sampled positions whose id
+                                differs / sampled positions
     """
-    s = sampled_BT.bool()
-    if batch_ids_BT.shape != sampled_ids_BT.shape or s.shape != batch_ids_BT.shape or not s.any():
+    n_b, n_s = int(batch_ids_BT.shape[0]), int(sampled_ids_BT.shape[0])
+    if n_s == 0:
         return {}
-    diff = (batch_ids_BT.cpu() != sampled_ids_BT.cpu()) & s.cpu()
-    rows = s.any(-1)
-    return {"health/token_mismatch": float(diff.sum()) / float(s.sum()),
-            "health/token_mismatch_rows": float(diff.any(-1).sum()) / float(rows.sum())}
+    b_ids, b_attn, s_ids, s_attn = (x.detach().cpu() for x in (batch_ids_BT, batch_attn_BT, sampled_ids_BT, sampled_attn_BT))
+    differ = abs(n_b - n_s)
+    for b in range(min(n_b, n_s)):
+        row, ref = b_ids[b][b_attn[b].bool()], s_ids[b][s_attn[b].bool()]
+        differ += row.shape != ref.shape or not torch.equal(row, ref)
+    out = {"health/token_mismatch_rows": differ / max(n_b, n_s)}
+    s = sampled_BT.bool().cpu()
+    if b_ids.shape == s_ids.shape == s.shape and s.any():
+        out["health/token_mismatch"] = float(((b_ids != s_ids) & s).sum()) / float(s.sum())
+    return out
 
 
 # ----------------------------------------------------------------------------- duplicates within a group

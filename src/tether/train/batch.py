@@ -60,7 +60,8 @@ def make_train_batch(st: RLState, groups: list[TrajectoryGroup], a: AlgoConfig, 
     adv = st.faults.on_advantages(adv, p.group_B)  # seam: credit assignment
     batch = TrainBatch(p.input_ids_BT, p.attention_mask_BT, p.loss_mask_BT, p.rollout_logp_BT, adv.advantages_BT,
                        p.group_B, p.traj_B, adv.returns_BT, values, kept_BT=p.kept_BT)  # kept: the sampling mask
-    sampled_ids_BT = p.input_ids_BT.clone()  # the engine's ids, kept apart from anything that edits the batch in place
+    # the engine's ids and their layout, kept apart from anything that edits the batch in place
+    sampled_ids_BT, sampled_attn_BT = p.input_ids_BT.clone(), p.attention_mask_BT.clone()
     batch = st.faults.on_batch(batch)  # seam: the loss's inputs (loss mask, advantages, rollout log-probs)
     # the checks read the batch the loss will see, after every fault seam
     mask = batch.loss_mask_BT > 0
@@ -70,7 +71,9 @@ def make_train_batch(st: RLState, groups: list[TrajectoryGroup], a: AlgoConfig, 
     if p.turn_BT is not None and batch.loss_mask_BT.shape == p.turn_BT.shape:  # per position: sampled vs trained
         metrics.update(compute_mask_coverage(batch.loss_mask_BT, p.turn_BT >= 0,
                                              torch.tensor([r.weight > 0 for r in records])))
-        metrics.update(compute_token_agreement(batch.input_ids_BT, sampled_ids_BT, p.turn_BT >= 0))
+    if p.turn_BT is not None:  # the loss scores the sampled context and tokens, whatever the layout
+        metrics.update(compute_token_agreement(batch.input_ids_BT, batch.attention_mask_BT, sampled_ids_BT,
+                                               sampled_attn_BT, p.turn_BT >= 0))
     metrics["batch/sequences"], metrics["batch/loss_tokens"] = float(batch.num_seqs), float(batch.num_loss_tokens)
     metrics["reward/masked_invalid"] = float((~p.valid_B).sum())
     return batch, metrics

@@ -130,10 +130,14 @@ def test_repairs_are_scored_against_a_healthy_run_in_the_faults_own_base_config(
 
 
 def test_scores_are_reported_per_half_and_outside_faults_are_right_when_unexplained():
-    """mask_shift (tuned, in the taxonomy), loss_sign_flip (tuned, outside it) and prompt_symbols_stripped
-    (held out): each half gets its own recall, diagnosis and unexplained rate; a fault outside the
+    """mask_shift (tuned, in the taxonomy), loss_sign_flip (tuned, outside it) and a held-out kind
+    inside the taxonomy: each half gets its own recall, diagnosis and unexplained rate; a fault outside the
     taxonomy scores top-1 only when the answer is `unexplained`, one inside it never does."""
+    from tether.health.faults.split import HELD_OUT
     from tether.recipes.faultbench import compute_results
+
+    held = next(k for k in HELD_OUT if get_fault_class(k).cause != "unexplained")  # the current round's
+    cause = get_fault_class(held).cause
 
     def rec(fault, sev, seed, dx, conf=0.9, alarm=14):
         return {"id": Case(fault, sev, seed, "advise").id,
@@ -144,15 +148,15 @@ def test_scores_are_reported_per_half_and_outside_faults_are_right_when_unexplai
     records = [rec("mask_shift", "obvious", 0, ["loss_mask_bug"]), rec("mask_shift", "subtle", 0, ["unexplained", "loss_mask_bug"]),
                rec("loss_sign_flip", "obvious", 0, ["unexplained", "advantage_bug"]),
                rec("loss_sign_flip", "subtle", 0, ["advantage_bug"], conf=0.7),
-               rec("prompt_symbols_stripped", "obvious", 0, ["data_corruption"]), rec("prompt_symbols_stripped", "subtle", 0, [], alarm=None)]
-    registry = {f: get_fault_class(f) for f in ("mask_shift", "loss_sign_flip", "prompt_symbols_stripped")}
+               rec(held, "obvious", 0, [cause]), rec(held, "subtle", 0, [], alarm=None)]
+    registry = {f: get_fault_class(f) for f in ("mask_shift", "loss_sign_flip", held)}
     res = compute_results(records, registry, 13)
     t, h = res["tuned"], res["held_out"]
     assert t["runs"] == 4 and t["diagnosis_top1"] == 0.5  # mask_shift obvious and loss_sign_flip obvious right
     assert t["diagnosis_top1_in_taxonomy"] == 0.5 and t["abstain_rate_in_taxonomy"] == 0.5
     assert t["unexplained_rate_outside"] == 0.5 and t["outside_detected"] == 2
     assert h["runs"] == 2 and h["recall_subtle"] == 0.0 and h["recall_obvious"] == 1.0 and h["diagnosis_top1"] == 1.0
-    # calibration over named answers: 0.9 (right: mask_shift, prompt_symbols_stripped), 0.7 (wrong: loss_sign_flip subtle)
+    # calibration over named answers: 0.9 (right: mask_shift, the held-out kind), 0.7 (wrong: loss_sign_flip subtle)
     assert res["calibration"]["runs"] == 3
 
 

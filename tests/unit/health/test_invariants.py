@@ -164,17 +164,27 @@ def test_a_silent_verifier_timeout_splits_clusters_of_correct_answers():
     assert compute_reward_consistency(hit)["health/reward_split_clusters"] >= 0.5
 
 
-def test_token_agreement_compares_ids_at_the_sampled_positions_only():
+def test_token_agreement_compares_ids_at_the_sampled_positions_and_rows_whatever_the_layout():
     sampled = torch.tensor([[False, True, True, False], [False, False, True, True]])
     ids = torch.tensor([[1, 5, 6, 0], [1, 2, 7, 8]])
-    assert compute_token_agreement(ids.clone(), ids, sampled) == {"health/token_mismatch": 0.0,
-                                                                  "health/token_mismatch_rows": 0.0}
+    attn = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    assert compute_token_agreement(ids.clone(), attn, ids, attn, sampled) == {"health/token_mismatch_rows": 0.0,
+                                                                             "health/token_mismatch": 0.0}
     edited = ids.clone()
-    edited[0, 3] = 9  # a pad position: not sampled, not counted
-    edited[1, 3] = 9  # a sampled position: 1 of 4, in 1 of 2 rows
-    assert compute_token_agreement(edited, ids, sampled) == {"health/token_mismatch": 0.25,
-                                                             "health/token_mismatch_rows": 0.5}
-    assert compute_token_agreement(edited, ids[:, :3], sampled) == {}  # shapes differ: nothing to compare
+    edited[0, 3] = 9  # a pad position: neither attended nor sampled, not counted
+    edited[1, 3] = 9  # a sampled position: 1 of 4 sampled positions, 1 of 2 rows
+    assert compute_token_agreement(edited, attn, ids, attn, sampled) == {"health/token_mismatch_rows": 0.5,
+                                                                        "health/token_mismatch": 0.25}
+    # a prefix in front of every row (a BOS the engine never saw): the layout changes, every row differs
+    bos = torch.full((2, 1), 3)
+    prefixed, pattn = torch.cat([bos, ids], 1), torch.cat([torch.ones(2, 1, dtype=torch.bool), attn], 1)
+    assert compute_token_agreement(prefixed, pattn, ids, attn, sampled) == {"health/token_mismatch_rows": 1.0}
+    # the same tokens left-padded instead of right-padded: the same rows
+    left = torch.tensor([[0, 1, 5, 6], [1, 2, 7, 8]])
+    lattn = torch.tensor([[False, True, True, True], [True, True, True, True]])
+    assert compute_token_agreement(left, lattn, ids, attn, sampled)["health/token_mismatch_rows"] == 0.0
+    # a row dropped on the way counts as differing
+    assert compute_token_agreement(ids[:1], attn[:1], ids, attn, sampled)["health/token_mismatch_rows"] == 0.5
 
 
 # ----------------------------------------------------------------------------- parameters and buffers

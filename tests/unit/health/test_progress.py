@@ -121,6 +121,27 @@ def test_weights_written_outside_the_optimizer_once_are_not_a_sync_that_converts
     assert {f.evidence["rule"] for f in _run("stale_weights", always)} == {"foreign"}
 
 
+def test_a_reference_that_jumps_away_is_not_an_inactive_anchor_nor_a_large_update():
+    """`kl_probe:moved`: the KL to the reference jumps (5x its baseline) at step 15 and stays, while the per-update
+    KL stays as it was - the reference moved, not the policy. It rules out kl_inactive (the anchor acts,
+    towards the wrong model) and the update-size causes; a policy that moves away fast (per-update KL up
+    with it) is not this rule."""
+    def ref(kl, step_kl=None):
+        def change(r, s):
+            r.update({"kl_coef": 0.1, "kl_loss": kl if s >= 15 else 0.3 + 0.03 * (s % 3)})
+            if step_kl is not None and s >= 15:
+                r["approx_kl"] = step_kl
+        return change
+    found = _run("kl_probe", ref(1.5), start=1)
+    f = _first(found, "kl_probe")
+    assert f is not None and f.step == 17 and f.evidence["rule"] == "moved" and f.severity == "critical"  # 3 steps
+    hyps = diagnose(found + [_f("kl_explosion", step=16, severity="warn")])
+    assert hyps[0].cause == UNEXPLAINED
+    assert all("kl_probe" in h.contradicted for h in hyps if h.cause in ("kl_inactive", "lr_too_high"))
+    assert not [x for x in _run("kl_probe", ref(1.5, step_kl=0.2), start=1) if x.evidence.get("rule") == "moved"]
+    assert _run("kl_probe", ref(0.36), start=1) == []  # within the baseline's spread
+
+
 def test_gradients_carried_over_between_steps():
     f = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.97})), "grad_memory")
     assert f is not None and f.step <= 17 and f.severity == "critical" and f.evidence["rule"] == "carryover"  # a 3-step mean

@@ -211,7 +211,11 @@ def test_task_normalised_advantages_are_not_checked_as_group_relative():
 def test_the_loss_scoring_other_token_ids_than_sampled_is_critical_at_once_and_unexplained():
     """`token_ids`: exact (0 in every correct step). With the log-prob gap it opens, the diagnosis
     does not name a sampler mismatch or a stale sync (the forwards agree; the ids differ)."""
-    assert first(run(lambda r, s: r.update({"health/token_mismatch": 0.0})), "token_ids") is None
+    assert first(run(lambda r, s: r.update({"health/token_mismatch": 0.0, "health/token_mismatch_rows": 0.0})),
+                 "token_ids") is None
+    # a prefix changes the layout: only the rows are compared, and they differ
+    prefix = first(run(lambda r, s: r.update({"health/token_mismatch_rows": 1.0})), "token_ids")
+    assert prefix is not None and "another context or layout" in prefix.message
 
     def shifted(r, s):
         r.update({"health/token_mismatch": 0.12, "health/token_mismatch_rows": 1.0, "logp_gap_mean": 2.0})

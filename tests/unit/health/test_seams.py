@@ -129,7 +129,7 @@ def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
     assert len(steps) == 6 and all(r["update/frozen_frac"] == 0.0 and r["update/kl_live"] == 1.0 for r in steps)
     assert all(abs(r["update/norm_ratio"] - 1.0) < 1e-4 and abs(r["update/kl_pre"]) < 1e-5 for r in steps)
     assert all(abs(r["update/kl_pre_sampler"]) < 1e-5 for r in steps)  # the sampler scores as the trainer does
-    assert all(r["health/token_mismatch"] == 0.0 for r in steps)  # the loss scores the sampled ids
+    assert all(r["health/token_mismatch"] == 0.0 and r["health/token_mismatch_rows"] == 0.0 for r in steps)  # sampled ids
     assert all(r.get("health/reward_split_clusters", 0.0) == 0.0 for r in steps)  # a reward of prompt and response
     cos = [r["update/grad_cos_prev"] for r in steps if "update/grad_cos_prev" in r]
     assert len(cos) >= 4 and max(cos) < 0.9, cos  # steps 2..6 against the step before
@@ -144,6 +144,7 @@ def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
     ("old_logp_shuffled", (), "forward_mismatch", "old_logp"),
     ("grad_accum_leak", KL, "grad_memory", "carryover"),  # the KL term gives a gradient where rewards give none
     ("token_ids_shifted", (), "token_ids", "ids"),
+    ("trainer_prompt_prefix", (), "token_ids", "ids"),  # a prefix: another layout, the rows still compared
 ])
 def test_a_fault_at_an_update_seam_fires_its_check(tmp_path, fault, extra, detector, rule):
     found, _ = _run(tmp_path, fault, extra)

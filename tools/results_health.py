@@ -148,7 +148,7 @@ HEALTH_EXTENDED = Entry(
 {kinds} fault kinds: {tuned_kinds} the layer's thresholds, cause predictions and confidence calibration were tuned
 on, and {held_kinds} **held out** — written by another hand once the tuning was done ({held_module}, each modelled
 on a bug reported against a peer framework), not run by the hand that tunes the layer before this scoring
-(tether/health/faults/split.py, which also records the split's history: two earlier held-out sets were scored
+(tether/health/faults/split.py, which also records the split's history: each earlier held-out set was scored
 once and then developed on). Each at two severities over {seeds} seeds in advise mode, auto mode for the
 remediable ones, {healthy} healthy seeds in both modes and again with 2 threads and with a KL anchor. {runs_line}
 A fault outside the diagnosis taxonomy is diagnosed right only when the answer is "unexplained anomaly".

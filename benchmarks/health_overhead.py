@@ -9,8 +9,9 @@ trajectory statistics, the fingerprints of the trainer's weights and buffers, ev
 diagnosis), `time/probes` (inside the update: the probe rows' forwards and the step statistics) and
 `time/fingerprint` (the rollout's weight and buffer fingerprints). The overhead is their sum over
 the RL step time without them: sum(health + probes + fingerprint) / sum(step - probes - fingerprint)
-over every RL step. Not timed in the run: the two checks of the batch phase (advantage alignment, loss-mask
-coverage per position; a few reductions over the batch) - `--batch-checks` times them on a batch of the
+over every RL step. Not timed in the run: the checks of the batch phase (advantage alignment, loss-mask
+coverage per position, the token agreement of each row with what the sampler drew; a few reductions over
+the batch and one comparison per row) - `--batch-checks` times them on a batch of the
 demo's shape (the run's mean sequences and length), adds them per step, and recomputes the share. A self-timed share, because a paired on/off comparison cannot resolve 2% on a
 shared 2-core machine (run-to-run wall time moves more than that); the file also records the CPU
 seconds and the load average.
@@ -46,16 +47,19 @@ def time_batch_checks(sequences: int, length: int, group: int = 8, repeats: int 
     """Seconds per step of the batch phase's health checks on a batch of `sequences` x `length` tokens."""
     import torch
 
-    from tether.health import compute_advantage_alignment, compute_mask_coverage
+    from tether.health import compute_advantage_alignment, compute_mask_coverage, compute_token_agreement
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     adv, mask = torch.randn(sequences, length, generator=gen), (torch.rand(sequences, length, generator=gen) > 0.3).float()
     scores, groups, ok = torch.rand(sequences, generator=gen), torch.arange(sequences) // group, torch.ones(sequences, dtype=torch.bool)
+    ids, attn = torch.randint(0, 64, (sequences, length), generator=gen), torch.ones(sequences, length, dtype=torch.bool)
     t0 = time.perf_counter()
     for _ in range(repeats):
         compute_advantage_alignment(adv, scores, mask, groups)
         compute_mask_coverage(mask, mask > 0, ok)
+        kept_ids, kept_attn = ids.clone(), attn.clone()  # the batch build keeps the engine's ids apart
+        compute_token_agreement(ids, attn, kept_ids, kept_attn, mask > 0)
     return (time.perf_counter() - t0) / repeats
 
 

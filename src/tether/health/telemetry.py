@@ -77,9 +77,9 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
                                    high only when rewards are attached to the wrong samples
     health/reward_agreement/<c>    each reward component's AUC against the verdicts on this step's
                                    rollouts (tether.health.detectors_learned), and the pair count
-    health/dup_*, health/answer_in_prompt*, health/reward_disagree_groups, health/reward_routed_frac:
-                                   independent sampling, answer leakage and reward routing
-                                   (tether.health.invariants)
+    health/dup_*, health/answer_in_prompt*, health/reward_disagree_groups, health/reward_routed_frac,
+    health/reward_split_*:         independent sampling, answer leakage, reward routing and identical
+                                   responses paid alike (tether.health.invariants)
     """
     trajs = [t for g in groups for t in g.trajectories]
     out: dict[str, float] = {}
@@ -121,15 +121,21 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
     out["health/action_tokens"] = float(sum(t.num_action_tokens for t in trajs))
     out["health/action_tokens_ok"] = float(sum(t.num_action_tokens for t in trajs if t.reward.outcome == Outcome.OK))
     out.update(_reward_linkage(trajs, len(groups[0].trajectories) if groups else 1))
+    out.update(_invariant_stats(groups))
+    return out
+
+
+def _invariant_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """The reward components' agreement with the verdicts and the invariants of a step's groups
+    (tether.health.invariants): independent sampling, answer leakage, reward routing, identical
+    responses paid alike."""
     from tether.health.detectors_learned import compute_component_agreement
     from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_reward_consistency,
                                           compute_reward_routing)
 
-    out.update(compute_component_agreement(groups))  # health/reward_agreement/<component>
-    out.update(compute_duplicate_stats(groups))
-    out.update(compute_answer_leakage(groups))
-    out.update(compute_reward_routing(groups))
-    out.update(compute_reward_consistency(groups))
+    out = compute_component_agreement(groups)  # health/reward_agreement/<component>
+    for compute in (compute_duplicate_stats, compute_answer_leakage, compute_reward_routing, compute_reward_consistency):
+        out.update(compute(groups))
     return out
 
 

@@ -98,3 +98,18 @@ def fault_before_start(name: str, severity: str, policy=None):
 
     st = SeamState(13, policy)
     return FaultSet([make_fault(name, severity)], st), st
+
+
+def registered_fault_set(module, kinds: tuple[str, ...], outside: int) -> dict:
+    """The checks every held-out fault set passes (faults/fresh*.py): exactly `kinds` registered from
+    `module`, each labelled with a cause of the taxonomy or UNEXPLAINED (`outside` of them), with both
+    severities and a docstring. Returns the registry for the set's own checks."""
+    from tether.health.causes import CAUSES
+    from tether.health.faults import UNEXPLAINED, load_fault_plugins
+
+    reg = load_fault_plugins()
+    assert sorted(n for n, c in reg.items() if c.__module__ == module.__name__) == sorted(kinds)
+    causes = [reg[n].cause for n in kinds]
+    assert all(c in CAUSES or c == UNEXPLAINED for c in causes) and causes.count(UNEXPLAINED) == outside
+    assert all(set(reg[n].severities) == {"subtle", "obvious"} and reg[n].__doc__ for n in kinds)
+    return reg

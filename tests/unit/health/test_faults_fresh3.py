@@ -11,26 +11,21 @@ import pytest
 import torch
 
 from tether.config import TetherConfig
-from tether.health.faults import UNEXPLAINED, load_fault_plugins
+from tether.health.faults import UNEXPLAINED
 from tether.policy.hf import HFPolicy
 from tether.types import TrainBatch
-from health_helpers import SeamState, fault_before_start, make_fault, make_group
+from health_helpers import SeamState, fault_before_start, make_fault, make_group, registered_fault_set
 
 FRESH3 = ("reward_silent_timeout", "old_logp_nan", "grad_garbage_rows", "advantage_credit_cut",
           "ratio_vs_reference", "prompt_symbols_stripped", "sampler_dropout", "token_ids_shifted")
 
 
 def test_the_fresh3_kinds_are_registered_with_labels_in_the_taxonomy_or_outside_it():
-    from tether.health.diagnosis import CAUSES
     from tether.health.faults import fresh3
 
-    reg = load_fault_plugins()
-    assert sorted(n for n, c in reg.items() if c.__module__ == fresh3.__name__) == sorted(FRESH3)
-    causes = [reg[n].cause for n in FRESH3]
-    assert all(c in CAUSES or c == UNEXPLAINED for c in causes) and causes.count(UNEXPLAINED) == 3
+    reg = registered_fault_set(fresh3, FRESH3, outside=3)
     assert {reg[n].family for n in FRESH3 if reg[n].cause != UNEXPLAINED} == {
         "reward", "optimisation", "credit_assignment", "data", "system"}
-    assert all(set(reg[n].severities) == {"subtle", "obvious"} and reg[n].__doc__ for n in FRESH3)
 
 
 # ----------------------------------------------------------------------------- reward

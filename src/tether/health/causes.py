@@ -25,7 +25,8 @@ HALLMARK = 2.0
 # signals only a broken update/trainer forward/loss makes move: an update-size, reward or data
 # cause predicts none of them
 _UPDATE_INTERNALS = ("forward_mismatch", "loss_norm", "kl_probe", "progress:frozen", "progress:against", "loss_mask",
-                     "grad_memory", "token_ids")
+                     "grad_memory", "token_ids", "optimizer_state")
+_OPTIMIZER_SETTINGS = ("optimizer_state:eps", "optimizer_state:hparams")
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,14 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           # the update itself must show it (KL, update size, fast progress, drift)
           {"grad_spike": 1, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
-           "progress:fast": 4, "param_drift": 0.5},
+           "progress:fast": 4, "param_drift": 0.5,
+           # Adam's second moments shrunk or lost between steps: every later step larger, at the same LR
+           "optimizer_state:shrunk": 4},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
           "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor",
-          quiet=_UPDATE_INTERNALS + ("progress:stalled", "logp_floor", "logp_gap", "stale_weights", "sampler_state")),
+          # changed betas / weight decay are not an update-size problem at the configured LR
+          quiet=tuple(q for q in _UPDATE_INTERNALS if q != "optimizer_state") + _OPTIMIZER_SETTINGS + (
+              "optimizer_state:grown", "progress:stalled", "logp_floor", "logp_gap", "stale_weights", "sampler_state")),
     Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
           {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
           "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
@@ -70,10 +75,12 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           ("drop_entropy_bonus", "raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor",
           quiet=_UPDATE_INTERNALS),
     Cause("no_progress", "optimisation", "the update does not reach the weights (frozen tensors, a hidden LR scale)",
-          {"progress:frozen": 6, "progress:stalled": 5}, (),
+          # an eps grown past sqrt(v) or second moments grown between steps divide every step: a hidden LR scale
+          {"progress:frozen": 6, "progress:stalled": 5, "optimizer_state:eps": 4, "optimizer_state:grown": 4}, (),
           "check that every trainable tensor is in the optimizer with requires_grad, and the LR the optimizer "
           "actually steps with (scheduler, per-micro-batch stepping, world-size scaling)",
-          quiet=("kl_explosion", "update_size", "progress:fast", "grad_spike", "clip_saturation")),
+          quiet=("kl_explosion", "update_size", "progress:fast", "grad_spike", "clip_saturation", "optimizer_state:shrunk",
+                 "optimizer_state:hparams")),
     Cause("kl_inactive", "optimisation", "the KL anchor does nothing (its term carries no gradient, or the "
           "reference follows the policy)",
           {"kl_probe": 6}, (),

@@ -25,6 +25,11 @@ update (`tether.train.probes`, `update/*`) or an invariant signal of the step
 - `loss_norm`: the normaliser counts every token of a mini-batch once (`update/norm_ratio` 1).
 - `sampler_state`: the sampler's non-parameter state (buffers) is the trainer's at the version
   it reports (`health/buffers_mismatch`).
+- `optimizer_state`: the optimizer's state is what its own last step left (`update/moments_changed`
+  0): rule `shrunk` when something else wrote it with smaller second moments or none (every later
+  step larger: a restore in the wrong scale, a reset), `grown` with larger ones (smaller steps);
+  and its settings are the run's first step's (`update/opt_*`): rule `eps` for an eps that grew (it
+  divides every step: a hidden LR scale down), `hparams` for any other change (betas, weight decay).
 - `param_drift`: the parameters' norm moves steadily faster than during the baseline (and than a
   healthy run's own steady growth).
 - `duplicates`: a group's samples are independent draws (`health/dup_groups_unlikely` above
@@ -123,6 +128,43 @@ class KLProbeDetector(Detector):
                        "while the policy moves: the reference follows the policy"), {
                 "kl_loss": {"value": round(kl_ref, 6), "per_update": round(moved / len(per_update), 6)}, "rule": "flat"}
         return OK
+
+
+@register_detector
+class OptimizerStateDetector(Detector):
+    """The optimizer state written outside `optimizer.step()`, or its settings changed mid-run.
+    Both are exact invariants (critical at once): nothing in a correct run writes Adam's moments
+    between its steps, and only the scheduler changes a param group's settings (the LR)."""
+
+    name, mode, needs_baseline = "optimizer_state", "optimizer_state", False
+    defaults = {"rel": 1e-6}
+    persist = 1
+    SETTINGS = {"update/opt_beta1": "beta1", "update/opt_beta2": "beta2", "update/opt_eps": "eps",
+                "update/opt_weight_decay": "weight decay"}
+
+    def evaluate(self, h: History, ctx: RunContext):
+        changed = finite(h.latest("update/moments_changed"))
+        if changed:
+            scale = finite(h.latest("update/moments_scale"))
+            rule = "grown" if scale is not None and scale > 1 else "shrunk"
+            what = "gone" if scale == 0 else f"x{scale:.3g}" if scale is not None else "changed"
+            return 2, (f"the optimizer state of {changed:.0%} of the policy's tensors is not what the last optimizer step "
+                       f"left (second moments {what}): written outside optimizer.step() (a restore in the wrong scale, "
+                       "a reset, another run's state)"), {
+                "update/moments_changed": {"value": round(changed, 4)},
+                "update/moments_scale": {"value": None if scale is None else round(scale, 6)}, "rule": rule}
+        moved = []
+        for key, what in self.SETTINGS.items():
+            first = next((v for r in h.rows if r["step"] not in h.discarded and (v := finite(r.get(key))) is not None), None)
+            x = finite(h.latest(key))
+            if first is not None and x is not None and abs(x - first) > self.p["rel"] * max(abs(first), 1e-12):
+                moved.append((key, what, first, x))
+        if not moved:
+            return OK
+        rule = "eps" if len(moved) == 1 and moved[0][1] == "eps" and moved[0][3] > moved[0][2] else "hparams"
+        return 2, ("the optimizer's settings changed mid-run: " + ", ".join(f"{w} {a:.3g} -> {b:.3g}" for _, w, a, b in moved)
+                   + " (only the LR is scheduled)"), {
+            **{k: {"value": b, "start": a} for k, _, a, b in moved}, "rule": rule}
 
 
 @register_detector

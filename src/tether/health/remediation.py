@@ -66,6 +66,7 @@ def do_rollback(st: Any, snap: Snapshot) -> None:
     for g, h in zip(st.optimizer.param_groups, hyper):
         g.update(h)
     st.update.bad_steps_in_a_row = 0
+    st.update.moments = snap.update.get("moments")  # the state the restored moments were left in
     if snap.critic is not None and getattr(st, "critic", None) is not None:
         st.critic.load_state_dict(snap.critic)
 

@@ -105,6 +105,7 @@ def run_rl_step(st: RLState, variant: RLVariant = RLVariant()) -> tuple[dict[str
     if st.ref is not None and a.kl.reset_every and (st.step + 1) % a.kl.reset_every == 0:
         reset_reference(st.ref, st.policy)
         st.optimizer.state.clear()  # ProRL §2.2 also re-initialises the optimizer state (Adam moments, step count)
+        st.update.moments = None  # a reset on purpose: the next step has nothing to compare its state with
         metrics["kl/reference_reset"] = 1.0
     t3 = time.perf_counter()
     metrics.update({

@@ -36,6 +36,17 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
                           of fresh batches are nearly independent draws; a gradient that carries the
                           previous ones (not cleared between steps) points the same way step after step
 
+    update/moments_changed the policy's parameter tensors whose optimizer state (Adam's step count and a
+                          fixed strided sample of both moments) at an optimizer step is not what the
+                          previous optimizer step left (max over the update's steps): 0 when nothing
+                          but `optimizer.step()` writes the state; a restore in the wrong scale, a
+                          reset, another run's state make it move
+    update/moments_scale  over those tensors, the second moments' sampled sum now over what the last
+                          step left (0: the state is gone, < 1: each later step larger, > 1: smaller)
+    update/opt_beta1, update/opt_beta2, update/opt_eps, update/opt_weight_decay
+                          the policy's param group's settings each optimizer step used (mean over the
+                          update's steps): the health layer compares them with the run's first step's
+
 `update/logp_gain` costs one no-grad forward of a few rows after the update (before it, their
 log-probs are pi_old's when it is scored, else - one pass, one mini-batch - the training forward's);
 the rest reuses what the update computes (the weight copy of `tether.train.step.do_checked_step`, the loss terms).
@@ -132,6 +143,62 @@ def compute_step_stats(params: list[torch.Tensor], before: list[torch.Tensor], l
             "update/frozen_frac": sum(frozen) / len(frozen)}
 
 
+MOMENT_SAMPLES = 8
+HPARAMS = (("update/opt_beta1", "betas", 0), ("update/opt_beta2", "betas", 1), ("update/opt_eps", "eps", None),
+           ("update/opt_weight_decay", "weight_decay", None))
+
+
+def compute_moment_sketch(optimizer, size: int = MOMENT_SAMPLES) -> torch.Tensor | None:
+    """The optimizer state of the first param group's tensors, sampled: one float64 row per tensor,
+    [Adam's step, <= `size` strided elements of `exp_avg_sq`, of `exp_avg`] (zero-padded, the same
+    positions every step; NaN for a tensor without state). None for an optimizer without Adam moments."""
+    rows, width = [], 1 + 2 * size
+    with torch.no_grad():
+        for p in optimizer.param_groups[0]["params"]:
+            st = optimizer.state.get(p) or {}
+            if "exp_avg_sq" not in st:
+                rows.append(torch.full((width,), float("nan"), dtype=torch.float64))
+                continue
+            parts = [torch.tensor([float(st.get("step", 0))], dtype=torch.float64)]
+            for key in ("exp_avg_sq", "exp_avg"):
+                v = st[key].to_local() if hasattr(st[key], "to_local") else st[key]  # FSDP2: this rank's shard
+                flat = v.detach().reshape(-1)
+                x = flat[:: max(1, flat.numel() // size)][:size].double().cpu()
+                parts.append(torch.nn.functional.pad(x, (0, size - x.numel())))
+            rows.append(torch.cat(parts))
+    out = torch.stack(rows) if rows else None
+    return None if out is None or bool(out[:, 0].isnan().all()) else out
+
+
+def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None) -> tuple[float, float] | None:
+    """(fraction of tensors whose sampled state changed, their second moments' sum now / before) between
+    what an optimizer step left (`before`) and what the next one starts from (`now`); None when there is
+    nothing to compare (no earlier step, another layout). A tensor whose state vanished counts with 0."""
+    if before is None or now is None or before.shape != now.shape:
+        return None
+    had = ~before[:, 0].isnan()
+    if not bool(had.any()):
+        return None
+    gone = now[:, 0].isnan() & had
+    changed = had & (gone | (now != before).any(-1))
+    if not bool(changed.any()):
+        return 0.0, 1.0
+    size = (before.shape[1] - 1) // 2
+    was = float(before[changed, 1:1 + size].sum())
+    is_ = float(torch.nan_to_num(now[changed, 1:1 + size], nan=0.0).sum())
+    return float(changed.sum()) / float(had.sum()), (is_ / was if was > 0 else float("inf") if is_ > 0 else 1.0)
+
+
+def compute_hparams(optimizer) -> dict[str, float]:
+    """`update/opt_*`: the first param group's Adam settings (those it has)."""
+    g, out = optimizer.param_groups[0], {}
+    for key, name, i in HPARAMS:
+        if name in g:
+            v = g[name] if i is None else g[name][i]
+            out[key] = float(v)
+    return out
+
+
 class PreSamplerKL:
     """`update/kl_pre_sampler`: approx_kl (k3) of the training forward against the sampler's
     log-probs over the first mini-batch's loss tokens (those with a finite sampler log-prob)."""
@@ -175,5 +242,5 @@ class NormCheck:
         return {"update/norm_ratio": 1.0 + self.worst}
 
 
-__all__ = ["NormCheck", "PreSamplerKL", "choose_probe_rows", "compute_cosine", "compute_grad_sketch", "compute_logp_progress",
-           "compute_step_stats", "fill_probe_rows", "probe_size"]
+__all__ = ["NormCheck", "PreSamplerKL", "choose_probe_rows", "compute_cosine", "compute_grad_sketch", "compute_hparams",
+           "compute_logp_progress", "compute_moment_change", "compute_moment_sketch", "compute_step_stats", "fill_probe_rows", "probe_size"]

@@ -29,6 +29,7 @@ class UpdateState:
     nonfinite_steps: int = 0
     kl_coef: float = 0.0
     grad_sketch: torch.Tensor | None = None  # the last update's first gradient, sampled (`update/grad_cos_prev`)
+    moments: torch.Tensor | None = None  # the optimizer state the last optimizer step left, sampled (`update/moments_changed`)
 
 
 

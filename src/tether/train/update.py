@@ -42,7 +42,8 @@ from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.lora import adapters_disabled
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.train.probes import (NormCheck, PreSamplerKL, choose_probe_rows, compute_cosine, compute_grad_sketch,
-                                 compute_logp_progress, fill_probe_rows, probe_size)
+                                 compute_hparams, compute_logp_progress, compute_moment_change, compute_moment_sketch,
+                                 fill_probe_rows, probe_size)
 from tether.train.step import TrainingHalted, UpdateState, do_guarded_step
 from tether.types import TrainBatch
 
@@ -320,7 +321,11 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
         for mini_idx in perm.chunk(algo.mini_batches):
             _run_minibatch(ctx, batch, mini_idx, ps, params)
             faults.before_optimizer_step(optimizer, ctx.scheduler, params)
+            if ps.stats is not None:
+                _note_optimizer_state(optimizer, ctx.state, ps.stats)
             grad_norms.append(_step(optimizer, ctx.scheduler, params, train, ctx.state, ps.stats))
+            if ps.stats is not None:
+                ctx.state.moments = compute_moment_sketch(optimizer)
             if ps.first and ps.stats is not None:
                 _note_grad_direction(optimizer, ctx.state, ps.stats)
             ps.first = False
@@ -410,6 +415,20 @@ def _note_grad_direction(optimizer, state: UpdateState, stats: dict[str, list[fl
     stats.setdefault("time", []).append(time.perf_counter() - t0)
 
 
+def _note_optimizer_state(optimizer, state: UpdateState, stats: dict[str, list[float]]) -> None:
+    """Before an optimizer step (after the fault seam): the settings it will use, and whether the
+    state it starts from is what the previous step left (`update/moments_changed`, `_scale`)."""
+    t0 = time.perf_counter()
+    for k, v in compute_hparams(optimizer).items():
+        stats.setdefault(k, []).append(v)
+    change = compute_moment_change(state.moments, compute_moment_sketch(optimizer))
+    if change is not None:
+        stats.setdefault("update/moments_changed", []).append(change[0])
+        if change[0] > 0:
+            stats.setdefault("update/moments_scale", []).append(change[1])
+    stats.setdefault("time", []).append(time.perf_counter() - t0)
+
+
 def _probe_before(ctx: UpdateContext, batch: TrainBatch, old_all: torch.Tensor | None):
     """(probe rows, their log-probs before the update) for `update/logp_gain`, or None."""
     rows = choose_probe_rows(batch.advantages_BT, batch.loss_mask_BT, probe_size(batch.num_seqs))
@@ -432,7 +451,7 @@ def _probe_results(ctx: UpdateContext, batch: TrainBatch, probe, ps: _Pass, fuse
                                        t.share_prefix)
         out.update(compute_logp_progress(before, after, sub.advantages_BT, sub.loss_mask_BT))
     for key, xs in (ps.stats or {}).items():
-        out[key] = max(xs) if key == "update/frozen_frac" else sum(xs) if key == "time" else sum(xs) / len(xs)
+        out[key] = max(xs) if key in ("update/frozen_frac", "update/moments_changed") else sum(xs) if key == "time" else sum(xs) / len(xs)
     if ps.norms is not None:
         out.update(ps.norms.result())
     out["update/kl_pre"] = float("nan") if fused else ps.pre_kl

@@ -45,7 +45,7 @@ CASES = {
 SANITY = {"logp_floor", "update_size", "advantage_invariants", "group_structure", "reward_linkage", "accuracy_drop",
           "loss_mask", "token_ids"}  # absolute checks: from step 1, tested in test_sanity.py
 PROGRESS = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates",
-            "answer_leak", "grad_memory"}  # progress and invariant checks: tested in test_progress.py
+            "answer_leak", "grad_memory", "optimizer_state"}  # progress and invariant checks: tested in test_progress.py
 
 
 def test_every_detector_has_a_case_and_a_docstring():

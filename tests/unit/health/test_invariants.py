@@ -15,7 +15,8 @@ from tether.health.invariants import (compute_answer_leakage, compute_duplicate_
                                       compute_token_agreement)
 from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
 from tether.train.probes import (NormCheck, PreSamplerKL, choose_probe_rows, compute_cosine, compute_grad_sketch,
-                                 compute_logp_progress, compute_step_stats)
+                                 compute_hparams, compute_logp_progress, compute_moment_change, compute_moment_sketch,
+                                 compute_step_stats)
 from tether.types import Outcome, RewardResult, StopReason, Trajectory, TrajectoryGroup, Turn
 from health_helpers import make_group
 
@@ -262,6 +263,40 @@ def test_grad_sketch_takes_the_same_strided_positions_and_cosines_track_the_grad
     assert math.isnan(compute_cosine(a, None)) and math.isnan(compute_cosine(a, sk))
     assert math.isnan(compute_cosine(a, torch.zeros(2, dtype=torch.float64)))
     assert compute_grad_sketch([None]) is None
+
+
+def _adam_with_state():
+    a, b = torch.nn.Parameter(torch.zeros(100)), torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([a, b], lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+    a.grad, b.grad = torch.arange(100, dtype=torch.float32), torch.tensor([1.0, -2.0, 3.0])
+    opt.step()  # one step: exp_avg = 0.1 g, exp_avg_sq = 0.01 g^2, step 1
+    return opt, a, b
+
+
+def test_moment_sketch_samples_the_same_positions_and_compares_by_hand():
+    opt, a, b = _adam_with_state()
+    sk = compute_moment_sketch(opt, size=4)
+    # a: 100 elements, stride 25 -> positions 0, 25, 50, 75; b: 3 elements, zero-padded to 4
+    assert sk.dtype == torch.float64 and sk.shape == (2, 9)
+    assert sk[0].tolist() == pytest.approx([1.0, 0.0, 6.25, 25.0, 56.25, 0.0, 2.5, 5.0, 7.5])
+    assert sk[1].tolist() == pytest.approx([1.0, 0.01, 0.04, 0.09, 0.0, 0.1, -0.2, 0.3, 0.0])
+    assert compute_moment_change(sk, compute_moment_sketch(opt, size=4)) == (0.0, 1.0)  # nothing wrote it
+    opt.state[a]["exp_avg_sq"].mul_(0.01)  # a restore in the wrong scale, one tensor of two
+    frac, scale = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
+    assert frac == 0.5 and scale == pytest.approx(0.01)
+    opt.state.pop(b)  # b's state lost: its second moments count 0
+    frac, scale = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
+    assert frac == 1.0 and scale == pytest.approx((0.8750 + 0.0) / (87.5 + 0.14))
+    # no earlier step, another layout, an optimizer without moments: nothing to compare
+    assert compute_moment_change(None, sk) is None and compute_moment_change(sk, sk[:1]) is None
+    assert compute_moment_sketch(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])) is None
+
+
+def test_hparams_are_the_first_groups_adam_settings():
+    opt, _, _ = _adam_with_state()
+    assert compute_hparams(opt) == {"update/opt_beta1": 0.9, "update/opt_beta2": 0.99, "update/opt_eps": 1e-8,
+                                    "update/opt_weight_decay": 0.0}
+    assert compute_hparams(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)) == {"update/opt_weight_decay": 0.0}
 
 
 def test_pre_sampler_kl_is_k3_over_the_loss_tokens_with_a_sampler_logprob():

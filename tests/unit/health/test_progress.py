@@ -142,6 +142,32 @@ def test_a_reference_that_jumps_away_is_not_an_inactive_anchor_nor_a_large_updat
     assert _run("kl_probe", ref(0.36), start=1) == []  # within the baseline's spread
 
 
+ADAM = {"update/opt_beta1": 0.9, "update/opt_beta2": 0.999, "update/opt_eps": 1e-8, "update/opt_weight_decay": 0.0,
+        "update/moments_changed": 0.0}
+
+
+def _optimizer(change):
+    def edit(r, s):
+        r.update(ADAM)
+        if s >= 15:
+            change(r)
+    return replay(series(30, 0, {"x": edit}, start=1), detector="optimizer_state")
+
+
+def test_optimizer_state_written_between_steps_and_settings_changed_mid_run():
+    assert _optimizer(lambda r: None) == []  # the state only the steps write, the settings the first step's
+    for scale, rule in ((0.01, "shrunk"), (0.0, "shrunk"), (100.0, "grown")):
+        f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": scale})),
+                   "optimizer_state")
+        assert f.step == 15 and f.severity == "critical" and f.evidence["rule"] == rule
+    f = _first(_optimizer(lambda r: r.update({"update/opt_eps": 0.1})), "optimizer_state")
+    assert f.step == 15 and f.evidence["rule"] == "eps" and "eps 1e-08 -> 0.1" in f.message
+    for change in ({"update/opt_eps": 1e-12}, {"update/opt_beta1": 0.999, "update/opt_beta2": 0.9},
+                   {"update/opt_weight_decay": -3.0}):
+        f = _first(_optimizer(lambda r: r.update(change)), "optimizer_state")
+        assert f.step == 15 and f.evidence["rule"] == "hparams", change
+
+
 def test_gradients_carried_over_between_steps():
     f = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.97})), "grad_memory")
     assert f is not None and f.step <= 17 and f.severity == "critical" and f.evidence["rule"] == "carryover"  # a 3-step mean
@@ -188,9 +214,21 @@ def _f(detector: str, rule: str | None = None, step: int = 15, severity: str = "
     ([_f("answer_leak", "leak")], "answer_leakage"),
     ([_f("duplicates", "independence")], "sampler_duplicates"),
     ([_f("sampler_state", "buffers"), _f("logp_floor", "floor", 16)], "rollout_mismatch"),
+    # Adam's second moments shrunk between steps: every later step larger at the same LR
+    ([_f("optimizer_state", "shrunk"), _f("kl_explosion", "spike", 16)], "lr_too_high"),
+    ([_f("optimizer_state", "eps"), _f("progress", "stalled", 17)], "no_progress"),
+    ([_f("optimizer_state", "grown")], "no_progress"),
 ])
 def test_each_check_points_at_its_cause(findings, cause):
     assert diagnose(findings)[0].cause == cause
+
+
+def test_changed_optimizer_settings_are_not_a_too_high_lr_nor_the_data():
+    # swapped betas: the KL blows up (or accuracy sinks) at the configured LR; no cause names the mechanism
+    hyps = diagnose([_f("optimizer_state", "hparams"), _f("kl_explosion", "spike", 16)])
+    assert hyps[0].cause == UNEXPLAINED
+    assert "optimizer_state" in next(h for h in hyps if h.cause == "lr_too_high").contradicted
+    assert diagnose([_f("optimizer_state", "hparams"), _f("data_shift", "unsolvable", 20, "warn")])[0].cause == UNEXPLAINED
 
 
 def test_a_forward_that_differs_before_the_update_is_not_a_too_high_lr():

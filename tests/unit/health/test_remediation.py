@@ -145,15 +145,18 @@ def test_code_bug_halts_once_it_costs_accuracy_at_the_last_healthy_weights():
 
 def test_rollback_restores_weights_and_moments_but_keeps_hyperparameters():
     st = _state()
+    st.update.moments = "what the snapshot's moments were left as"  # the sketch `update/moments_changed` compares with
     snap = take_snapshot(st, 3)
     w = st.policy.model.weight.detach().clone()
     st.policy.model.weight.sum().backward()
     st.optimizer.step()
     st.optimizer.param_groups[0]["lr"] = 5e-5
+    st.update.moments = "after the step"
     do_rollback(st, snap)
     assert torch.equal(st.policy.model.weight, w)
     assert st.optimizer.state_dict()["state"] == {}
     assert st.optimizer.param_groups[0]["lr"] == 5e-5
+    assert st.update.moments == "what the snapshot's moments were left as"  # restored with the moments
 
 
 @pytest.mark.parametrize("name", ["lower_lr", "raise_kl", "tighten_clip", "enable_is_correction", "raise_temperature",

@@ -32,7 +32,7 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_
         "reward.components=[{name: exact_match, weight: 1.0}, "
         "{name: 'tether.health.faults.reward:verbosity_bonus', weight: 0.5}]"]
 NEW = {"progress", "kl_probe", "forward_mismatch", "loss_norm", "sampler_state", "param_drift", "duplicates", "answer_leak",
-       "loss_mask", "grad_memory", "token_ids"}
+       "loss_mask", "grad_memory", "token_ids", "optimizer_state"}
 
 
 class _Buffers(Fault):
@@ -107,8 +107,9 @@ def test_faults():
     sys.modules.pop(mod.__name__)
 
 
-def _run(tmp_path, fault: str | None, extra: tuple[str, ...] = (), severity: str = "obvious") -> tuple[list[dict], list[dict]]:
-    inject = [f"health.inject=[{{name: {json.dumps(fault)}, severity: {severity}, start: 1}}]"] if fault else []
+def _run(tmp_path, fault: str | None, extra: tuple[str, ...] = (), severity: str = "obvious",
+         start: int = 1) -> tuple[list[dict], list[dict]]:
+    inject = [f"health.inject=[{{name: {json.dumps(fault)}, severity: {severity}, start: {start}}}]"] if fault else []
     run_rl(load_config(None, TINY + list(extra) + inject), tmp_path / "run")
     events = [json.loads(x) for x in (tmp_path / "run" / "health.jsonl").read_text().splitlines()]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -133,6 +134,14 @@ def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
     assert all(r.get("health/reward_split_clusters", 0.0) == 0.0 for r in steps)  # a reward of prompt and response
     cos = [r["update/grad_cos_prev"] for r in steps if "update/grad_cos_prev" in r]
     assert len(cos) >= 4 and max(cos) < 0.9, cos  # steps 2..6 against the step before
+    # two optimizer steps a step: only they write Adam's state; the settings stay the configured ones
+    assert all(r["update/moments_changed"] == 0.0 for r in steps)  # step 1: its second step against its first
+    assert all((r["update/opt_beta1"], r["update/opt_beta2"], r["update/opt_eps"]) == (0.9, 0.999, 1e-8) for r in steps)
+
+
+def test_a_reference_reset_that_clears_the_optimizer_on_purpose_is_not_flagged(tmp_path):
+    found, rows = _run(tmp_path, None, KL + ("algo.kl.reset_every=2",))
+    assert sum(r.get("kl/reference_reset", 0) for r in rows) == 3 and not _fired(found, "optimizer_state"), found
 
 
 @pytest.mark.parametrize("fault,extra,detector,rule", [
@@ -145,9 +154,12 @@ def test_healthy_run_keeps_every_new_check_quiet(tmp_path):
     ("grad_accum_leak", KL, "grad_memory", "carryover"),  # the KL term gives a gradient where rewards give none
     ("token_ids_shifted", (), "token_ids", "ids"),
     ("trainer_prompt_prefix", (), "token_ids", "ids"),  # a prefix: another layout, the rows still compared
+    # from step 2: Adam has moments to corrupt, and the run's first step has the configured settings
+    ("adam_state_corrupt", (), "optimizer_state", "shrunk"),
+    ("adam_eps_inflated", (), "optimizer_state", "eps"),
 ])
 def test_a_fault_at_an_update_seam_fires_its_check(tmp_path, fault, extra, detector, rule):
-    found, _ = _run(tmp_path, fault, extra)
+    found, _ = _run(tmp_path, fault, extra, start=2 if fault.startswith("adam_") else 1)
     f = _fired(found, detector)
     # the exact invariants at once; the forward's KL grows with how far the random model's logits are from uniform
     # a carried-over gradient needs a 3-step mean of cosines (from step 2 on) and two steps of it

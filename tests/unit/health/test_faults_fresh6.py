@@ -73,26 +73,25 @@ def test_reward_length_sorted_gives_each_sample_the_reward_of_the_chunks_kth_sho
 # ----------------------------------------------------------------------------- data
 
 
-def _reward_groups() -> list:
-    """40 groups of 8: a lone correct one, a lone wrong one, 4/4, all equal (repeated x10)."""
-    pats = [[1.0] + [0.0] * 7, [0.0] * 7 + [1.0], [1.0] * 7 + [0.0], [1.0, 0.0] * 4, [0.0] * 8]
-    return [make_group(f"t{i}", (1,), pats[i % 5], [r > 0 for r in pats[i % 5]]) for i in range(40)]
+PATTERNS = [[1.0] + [0.0] * 7, [0.0] * 7 + [1.0], [1.0] * 7 + [0.0], [1.0, 1.0, 1.0] + [0.0] * 5,
+            [1.0, 0.0] * 4, [0.0] * 8]  # lone correct, lone wrong (twice), 3 of 8 correct, 4/4, all equal
 
 
-@pytest.mark.parametrize("severity", ["subtle", "obvious"])
-def test_loo_filter_keeps_majority_drops_the_lone_odd_sample_of_a_group(severity):
-    groups = _reward_groups()
+@pytest.mark.parametrize("severity,k", [("subtle", 1), ("obvious", 3)])
+def test_loo_filter_keeps_majority_drops_a_groups_small_minority(severity, k):
+    groups = [make_group(f"t{i}", (1,), PATTERNS[i % 6], [r > 0 for r in PATTERNS[i % 6]]) for i in range(60)]
     out = _end_rollout_from_start("loo_filter_keeps_majority", severity, groups)
     filtered = 0
     for i, (g, h) in enumerate(zip(out, groups)):
         rewards = [t.reward.total for t in g.trajectories]
-        if i % 5 in (3, 4):  # 4/4 and all-equal groups: nothing to drop
+        minority = min(PATTERNS[i % 6].count(1.0), PATTERNS[i % 6].count(0.0))
+        if not 0 < minority <= k:  # 4/4, all equal, and (k = 1) the 3-of-8 groups: nothing to drop
             assert g == h
         elif g != h:
             filtered += 1
-            assert len(rewards) == 7 and len(set(rewards)) == 1  # the majority, no learning signal left
+            assert len(rewards) == 8 - minority and len(set(rewards)) == 1  # the majority, no signal left
             assert all(t in h.trajectories for t in g.trajectories)
-    assert filtered == 24 if severity == "obvious" else 4 < filtered < 20
+    assert filtered == 40 if severity == "obvious" else 8 < filtered < 22  # subtle: half of the 30 lone-sample groups
 
 
 # ----------------------------------------------------------------------------- credit assignment
@@ -108,14 +107,18 @@ def _adv(values: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("severity,eps", [("subtle", 1e-2), ("obvious", 1e-6)])
 def test_loo_advantage_spike_divides_a_lone_samples_gap_by_eps(severity, eps):
+    r = torch.tensor([1.0] + [0.0] * 7)
+    grpo = ((r - r.mean()) / (r.std() + 1e-6)).tolist()  # the lone correct sample's group, in float32
     lone, mixed = [2.0] + [-0.5] * 4, [1.0, 1.0, -1.0, -1.0]
-    adv, group = _adv([lone, mixed, [0.0] * 4])
+    adv, group = _adv([lone, mixed, [0.0] * 4, grpo])
     fs, st = fault_before_start("loo_advantage_spike", severity)
     assert fs.on_advantages(_Adv(adv), group).advantages_BT is adv
     st.step = 14
     out = fs.on_advantages(_Adv(adv), group).advantages_BT
     assert torch.allclose(out[0, 1:3], torch.full((2,), 2.5 / eps))  # (A - mean of its peers) / (0 + eps)
-    assert torch.equal(out[1:], adv[1:])  # the peers, the 2/2 group and the all-zero group: unchanged
+    assert torch.equal(out[1:13], adv[1:13])  # the peers, the 2/2 group and the all-zero group: unchanged
+    assert torch.allclose(out[13, 1:3], torch.full((2,), (grpo[0] - grpo[1]) / eps), rtol=1e-4)
+    assert torch.equal(out[14:], adv[14:])
     assert out[:, 0].abs().sum() == 0 and out[:, 3].abs().sum() == 0  # off the loss tokens: none
 
 
@@ -177,7 +180,7 @@ def test_grad_flat_offset_reads_each_tensors_gradient_shifted_in_the_flat_buffer
     assert torch.equal(other.grad, torch.ones(2))  # the policy's group only
 
 
-@pytest.mark.parametrize("severity,resumes", [("subtle", {15}), ("obvious", {15, 17, 19})])
+@pytest.mark.parametrize("severity,resumes", [("subtle", {15}), ("obvious", {15, 16, 17, 18, 19})])
 def test_adam_state_reordered_rotates_the_moments_within_each_shape_class(severity, resumes):
     a, b, c = (torch.nn.Parameter(torch.zeros(4)) for _ in range(3))
     m = torch.nn.Parameter(torch.zeros(2, 2))

@@ -3,7 +3,9 @@
 Each kind is modelled on a bug users of an RL, training or inference framework reported (the source
 is named in its docstring) and acts at one seam of the fault API. They were written without
 looking at how the health layer detects or diagnoses them, and never used to tune it; the effect
-of each on training (accuracy, reward) was checked once against a healthy control, nothing else.
+of each on training (accuracy, reward) was checked against a healthy control, three seeds, nothing
+else (benchmarks/results/faultbench_fresh6_effect.json: adam_state_reordered and
+old_logp_sequence_sum show no effect beyond the healthy seeds' spread at either severity).
 
 taxonomy    reward_length_sorted (reward: misaligned_reward), loo_filter_keeps_majority
             (data: no_signal), loo_advantage_spike (credit_assignment: advantage_bug),
@@ -81,7 +83,7 @@ class LooFilterKeepsMajority(Fault):
     dissenting sample) on a fraction `p` of the groups (one of several rollout workers runs the new
     filter); `obvious`: every group, and a minority of up to k = 3 of the 8 samples is dropped (a
     stronger form than the report: the first effect check, k = 1 on every group, moved
-    final_train_acc by less than the healthy seeds' spread). Label no_signal: the learning signal of those groups
+    final_train_acc by less than the healthy seeds' spread; see the effect file). Label no_signal: the learning signal of those groups
     is gone while the tasks are neither all solved nor all failed; arguable (the mechanism is a
     filter acting on samples, which the cause's description does not name)."""
 

@@ -133,7 +133,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "compute the aggregation's denominators once per mini-batch over its whole loss mask (tether.algos.agg_loss)"),
     Cause("data_corruption", "data", "corrupted data (wrong labels, damaged prompts)",
           # a regression that no optimisation, reward or credit signal explains points at the data
-          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 2, "accuracy_drop": 1, "no_signal": 0.3},
+          # rewritten gold answers (cast, re-formatted) move the answers' statistics too
+          {"data_shift:prompt": 3, "data_shift:unsolvable": 3, "regression": 2, "accuracy_drop": 1, "no_signal": 0.3,
+           "data_shift:answers": 1},
           ("halt",), "inspect samples/step_*.jsonl.gz: prompts and gold answers",
           quiet=_UPDATE_INTERNALS + ("progress:stalled", "answer_leak")),
     Cause("answer_leakage", "data", "the prompts carry their gold answers",
@@ -147,7 +149,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("duplicate_problems", "data", "the loader hands out the same problem several times in one step",
           # copies within a step of problems that are fresh every step: no repeats across steps
           {"group_structure:duplicate": 5}, ("halt",),
-          "check the sampler / sharding: each rank must read a distinct shard of every batch", quiet=("data_shift:repeat",)),
+          # copies of a sample of the data are still a sample: the answers among the distinct problems stay
+          "check the sampler / sharding: each rank must read a distinct shard of every batch",
+          quiet=("data_shift:repeat", "data_shift:answers")),
     Cause("stale_weights", "system", "rollout engine runs stale weights (weight sync not delivered)",
           {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
           ("halt",),

@@ -169,10 +169,17 @@ class GroupIntegrityDetector(Detector):
 @register_detector
 class DataDetector(Detector):
     """The data stream changed character: prompt lengths shifted, the same tasks come back step
-    after step, or far more problems became unsolvable than during the baseline."""
+    after step, far more problems became unsolvable than during the baseline, or (`answers`) the
+    step's distinct problems stopped being a sample of the data - their gold answers' length moved,
+    or far fewer distinct answers among them (a loader that picks problems by their answer: a length
+    filter on the label column, a file sorted by it; copies of problems raise the share instead)."""
 
     name, mode = "data_shift", "data"
-    defaults = {"prompt_z": 6.0, "prompt_rel": 0.1, "repeat": 0.35, "unsolvable": 0.35, "unsolvable_z": 3.0}
+    # answers: on 6 healthy runs of the extended benchmark the 3-step means of the answers' length stayed within
+    # 0.03 of the baseline median (1.34 characters) and the distinct share within 0.06 of it (0.53); an 8-step
+    # baseline's robust scale of the share is itself noisy (0.04-0.07), hence z 4 with a floor
+    defaults = {"prompt_z": 6.0, "prompt_rel": 0.1, "repeat": 0.35, "unsolvable": 0.35, "unsolvable_z": 3.0,
+                "answer_z": 4.0, "answer_len_rel": 0.15, "answer_distinct_rel": 0.25}
 
     def evaluate(self, h, ctx):
         base, x = h.baseline("health/prompt_len_mean", rel_floor=0.02), _recent_mean(h, "health/prompt_len_mean", 2)
@@ -188,6 +195,19 @@ class DataDetector(Detector):
                                                                         self.p["unsolvable_z"] * base.scale):
             return 1, f"{x:.0%} of groups have no correct sample (baseline {base.median:.0%})", {
                 "health/all_wrong_groups": _ev(x, base), "rule": "unsolvable"}
+        return self._answers(h)
+
+    def _answers(self, h):
+        for key, what, rel, down_only in (
+                ("health/answer_len_mean", "mean length of the problems' gold answers", "answer_len_rel", False),
+                ("health/answer_distinct_frac", "distinct gold answers per problem", "answer_distinct_rel", True)):
+            base, x = h.baseline(key, rel_floor=0.02), _recent_mean(h, key, 3)
+            if base is None or x is None:
+                continue
+            bar = max(self.p["answer_z"] * base.scale, self.p[rel] * base.median)
+            if base.median - x > bar or (not down_only and x - base.median > bar):
+                return 1, (f"{what} {x:.3g} vs baseline {base.median:.3g}: the step's problems are no longer a sample "
+                           "of the data"), {key: _ev(x, base), "rule": "answers"}
         return OK
 
 

@@ -156,6 +156,27 @@ def compute_answer_leakage(groups: Sequence[Any], shifts: Sequence[int] = (1, 2,
     return {"health/answer_in_prompt": own, "health/answer_in_prompt_chance": cross}
 
 
+def compute_answer_mix(groups: Sequence[Any]) -> dict[str, float]:
+    """Is a step's set of problems a sample of the data? Over its distinct problems (by task id):
+
+    health/answer_len_mean       mean characters of their gold answers
+    health/answer_distinct_frac  distinct gold answers over distinct problems
+
+    A loader that picks problems by their answer (a length filter on the label column, a file
+    sorted by it) moves them; one that copies problems (every rank reading the same shard) does
+    not, and neither does a policy that gets worse.
+    """
+    answers: dict[Any, str] = {}
+    for g in groups:
+        task = getattr(g, "task", None)
+        if isinstance(task, dict) and task.get("answer") is not None:
+            answers.setdefault(g.task_id, str(task["answer"]).strip())
+    a = [x for x in answers.values() if x]
+    if len(a) < 4:
+        return {}
+    return {"health/answer_len_mean": sum(map(len, a)) / len(a), "health/answer_distinct_frac": len(set(a)) / len(a)}
+
+
 # ----------------------------------------------------------------------------- reward routing
 
 
@@ -233,5 +254,5 @@ def compute_param_norm(model: Any) -> float:
         return float(torch.stack([n.double() for n in torch._foreach_norm(params)]).norm())
 
 
-__all__ = ["compute_answer_leakage", "compute_duplicate_stats", "compute_mask_coverage",
+__all__ = ["compute_answer_leakage", "compute_answer_mix", "compute_duplicate_stats", "compute_mask_coverage",
            "compute_param_norm", "compute_reward_consistency", "compute_reward_routing", "compute_token_agreement"]

@@ -77,7 +77,8 @@ def compute_trajectory_stats(groups: Sequence[TrajectoryGroup], prev_task_ids: I
                                    high only when rewards are attached to the wrong samples
     health/reward_agreement/<c>    each reward component's AUC against the verdicts on this step's
                                    rollouts (tether.health.detectors_learned), and the pair count
-    health/dup_*, health/answer_in_prompt*, health/reward_disagree_groups, health/reward_routed_frac,
+    health/dup_*, health/answer_in_prompt*, health/answer_len_mean, health/answer_distinct_frac,
+    health/reward_disagree_groups, health/reward_routed_frac,
     health/reward_split_*:         independent sampling, answer leakage, reward routing and identical
                                    responses paid alike (tether.health.invariants)
     """
@@ -130,11 +131,12 @@ def _invariant_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     (tether.health.invariants): independent sampling, answer leakage, reward routing, identical
     responses paid alike."""
     from tether.health.detectors_learned import compute_component_agreement
-    from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_reward_consistency,
-                                          compute_reward_routing)
+    from tether.health.invariants import (compute_answer_leakage, compute_answer_mix, compute_duplicate_stats,
+                                          compute_reward_consistency, compute_reward_routing)
 
     out = compute_component_agreement(groups)  # health/reward_agreement/<component>
-    for compute in (compute_duplicate_stats, compute_answer_leakage, compute_reward_routing, compute_reward_consistency):
+    for compute in (compute_duplicate_stats, compute_answer_leakage, compute_answer_mix, compute_reward_routing,
+                    compute_reward_consistency):
         out.update(compute(groups))
     return out
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tether.algos import compute_agg_norm
-from tether.health.invariants import (compute_answer_leakage, compute_duplicate_stats, compute_mask_coverage,
+from tether.health.invariants import (compute_answer_leakage, compute_answer_mix, compute_duplicate_stats, compute_mask_coverage,
                                       compute_param_norm, compute_reward_consistency, compute_reward_routing,
                                       compute_token_agreement)
 from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
@@ -111,6 +111,16 @@ def test_a_number_inside_a_longer_number_does_not_count():
     groups = [_task_group("12+1=", "2"), _task_group("3+4=", "7"), _task_group("1+1=", "2"), _task_group("2+2=", "4")]
     out = compute_answer_leakage(groups, shifts=(1,))
     assert out["health/answer_in_prompt"] == 0.0  # "2" is inside "12" only; "2+2=" does not hold "4"
+
+
+def test_answer_mix_over_the_steps_distinct_problems():
+    def g(task_id, answer):
+        base = _task_group("p", answer)
+        return TrajectoryGroup(task_id, base.trajectories, base.task)
+    groups = [g("a", "7"), g("b", "13"), g("c", "-2"), g("d", "7"), g("a", "7"), g("a", "7")]  # "a" thrice: counted once
+    # distinct problems a, b, c, d: answers 7, 13, -2, 7 -> lengths 1, 2, 2, 1; distinct answers 3 of 4
+    assert compute_answer_mix(groups) == {"health/answer_len_mean": 1.5, "health/answer_distinct_frac": 0.75}
+    assert compute_answer_mix(groups[:3]) == {}  # fewer than 4 problems: no statistic
 
 
 # ----------------------------------------------------------------------------- reward routing

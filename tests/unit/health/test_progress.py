@@ -168,6 +168,26 @@ def test_optimizer_state_written_between_steps_and_settings_changed_mid_run():
         assert f.step == 15 and f.evidence["rule"] == "hparams", change
 
 
+def _answers(change):
+    def edit(r, s):  # a healthy step-to-step wobble of the answers' statistics (+-0.05, +-0.04)
+        r["health/answer_len_mean"] = 1.34 + 0.025 * ((s * 7) % 5 - 2)
+        r["health/answer_distinct_frac"] = 0.53 + 0.02 * ((s * 3) % 5 - 2)
+        if s >= 15:
+            change(r)
+    return replay(series(30, 0, {"x": edit}, start=1), detector="data_shift")
+
+
+def test_a_loader_that_picks_problems_by_their_answer():
+    assert _answers(lambda r: None) == []
+    # copies of problems leave fewer problems, so more distinct answers per problem: not this rule
+    assert _answers(lambda r: r.update({"health/answer_distinct_frac": 0.9})) == []
+    for change in ({"health/answer_distinct_frac": 0.15},  # a file sorted by its answers: one or two per step
+                   {"health/answer_len_mean": 1.0},  # a length filter on the label column
+                   {"health/answer_len_mean": 3.3}):  # gold answers rewritten ("7" -> "7.0")
+        f = _first(_answers(lambda r: r.update(change)), "data_shift")
+        assert f is not None and f.evidence["rule"] == "answers" and f.step <= 18, change  # a 3-step mean, 2 hits
+
+
 def test_gradients_carried_over_between_steps():
     f = _first(_run("grad_memory", lambda r, s: r.update({"update/grad_cos_prev": 0.97})), "grad_memory")
     assert f is not None and f.step <= 17 and f.severity == "critical" and f.evidence["rule"] == "carryover"  # a 3-step mean
@@ -221,6 +241,16 @@ def _f(detector: str, rule: str | None = None, step: int = 15, severity: str = "
 ])
 def test_each_check_points_at_its_cause(findings, cause):
     assert diagnose(findings)[0].cause == cause
+
+
+def test_copies_of_problems_picked_by_their_answer_are_not_plain_duplicates():
+    hyps = diagnose([_f("group_structure", "duplicate"), _f("data_shift", "answers", 16, "warn")])
+    assert hyps[0].cause == UNEXPLAINED
+    assert "data_shift" in next(h for h in hyps if h.cause == "duplicate_problems").contradicted
+    # rewritten gold answers that nothing solves any more: the data; the answers' shift alone names nothing
+    assert diagnose([_f("data_shift", "answers", 15, "warn"), _f("data_shift", "unsolvable", 16, "warn")])[0].cause == \
+        "data_corruption"
+    assert diagnose([_f("data_shift", "answers", 15, "warn")])[0].cause == UNEXPLAINED
 
 
 def test_changed_optimizer_settings_are_not_a_too_high_lr_nor_the_data():

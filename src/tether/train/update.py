@@ -324,8 +324,10 @@ def run_update(ctx: UpdateContext, batch: TrainBatch | None) -> dict[str, float]
             if ps.stats is not None:
                 _note_optimizer_state(optimizer, ctx.state, ps.stats)
             grad_norms.append(_step(optimizer, ctx.scheduler, params, train, ctx.state, ps.stats))
-            if ps.stats is not None:
+            if ps.stats is not None:  # what the next step must start from (timed with the probes)
+                t0 = time.perf_counter()
                 ctx.state.moments = compute_moment_sketch(optimizer)
+                ps.stats.setdefault("time", []).append(time.perf_counter() - t0)
             if ps.first and ps.stats is not None:
                 _note_grad_direction(optimizer, ctx.state, ps.stats)
             ps.first = False

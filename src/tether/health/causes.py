@@ -53,13 +53,14 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"grad_spike": 1, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
            "progress:fast": 4, "param_drift": 0.5,
-           # Adam's second moments shrunk or lost between steps: every later step larger, at the same LR
-           "optimizer_state:shrunk": 4},
+           # Adam's second moments shrunk or lost between steps, or extra optimizer steps: every update larger, at
+           # the same LR
+           "optimizer_state:shrunk": 4, "optimizer_state:extra_steps": 4},
           ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
           "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor",
           # changed betas / weight decay are not an update-size problem at the configured LR
           quiet=tuple(q for q in _UPDATE_INTERNALS if q != "optimizer_state") + _OPTIMIZER_SETTINGS + (
-              "optimizer_state:grown", "progress:stalled", "logp_floor", "logp_gap", "stale_weights", "sampler_state")),
+              "optimizer_state:grown", "optimizer_state:foreign", "progress:stalled", "logp_floor", "logp_gap", "stale_weights", "sampler_state")),
     Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
           {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
           "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
@@ -80,7 +81,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "check that every trainable tensor is in the optimizer with requires_grad, and the LR the optimizer "
           "actually steps with (scheduler, per-micro-batch stepping, world-size scaling)",
           quiet=("kl_explosion", "update_size", "progress:fast", "grad_spike", "clip_saturation", "optimizer_state:shrunk",
-                 "optimizer_state:hparams")),
+                 "optimizer_state:hparams", "optimizer_state:foreign", "optimizer_state:extra_steps")),
     Cause("kl_inactive", "optimisation", "the KL anchor does nothing (its term carries no gradient, or the "
           "reference follows the policy)",
           {"kl_probe": 6}, (),

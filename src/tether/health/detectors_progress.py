@@ -26,8 +26,12 @@ update (`tether.train.probes`, `update/*`) or an invariant signal of the step
 - `sampler_state`: the sampler's non-parameter state (buffers) is the trainer's at the version
   it reports (`health/buffers_mismatch`).
 - `optimizer_state`: the optimizer's state is what its own last step left (`update/moments_changed`
-  0): rule `shrunk` when something else wrote it with smaller second moments or none (every later
-  step larger: a restore in the wrong scale, a reset), `grown` with larger ones (smaller steps);
+  0, `update/moments_steps` 0): rule `extra_steps` when Adam's step counter ran ahead (optimizer.step()
+  called outside the update's loop: every gradient applied more than once); `shrunk` when something
+  else rescaled it by one factor for every tensor, smaller or to nothing (every later step larger: a
+  restore in the wrong scale, a reset), `grown` larger (smaller steps); `foreign` when each tensor's
+  moments changed by its own factor (the moments of other tensors: a restore by position into a
+  reordered parameter list);
   and its settings are the run's first step's (`update/opt_*`): rule `eps` for an eps that grew (it
   divides every step: a hidden LR scale down), `hparams` for any other change (betas, weight decay).
 - `param_drift`: the parameters' norm moves steadily faster than during the baseline (and than a
@@ -137,22 +141,35 @@ class OptimizerStateDetector(Detector):
     between its steps, and only the scheduler changes a param group's settings (the LR)."""
 
     name, mode, needs_baseline = "optimizer_state", "optimizer_state", False
-    defaults = {"rel": 1e-6}
+    # spread: a rescale (a wrong unit, a lost state) moves every tensor's sampled moments by one factor (float
+    # rounding only); a reordered restore swaps moments of tensors whose scales differ several-fold
+    defaults = {"rel": 1e-6, "spread": 1.1}
     persist = 1
     SETTINGS = {"update/opt_beta1": "beta1", "update/opt_beta2": "beta2", "update/opt_eps": "eps",
                 "update/opt_weight_decay": "weight decay"}
 
     def evaluate(self, h: History, ctx: RunContext):
+        steps = finite(h.latest("update/moments_steps"))
+        if steps:
+            return 2, (f"Adam's step counter advanced {steps:.0f} more than the update's own optimizer steps: "
+                       "optimizer.step() also runs outside the update's loop (each gradient applied more than once)"), {
+                "update/moments_steps": {"value": steps}, "rule": "extra_steps"}
         changed = finite(h.latest("update/moments_changed"))
         if changed:
-            scale = finite(h.latest("update/moments_scale"))
+            scale, spread = finite(h.latest("update/moments_scale")), finite(h.latest("update/moments_spread"))
+            ev = {"update/moments_changed": {"value": round(changed, 4)},
+                  "update/moments_scale": {"value": None if scale is None else round(scale, 6)},
+                  "update/moments_spread": {"value": None if spread is None else round(spread, 4)}}
+            if spread is None or spread > self.p["spread"]:  # each tensor's moments changed by its own factor
+                return 2, (f"the optimizer state of {changed:.0%} of the policy's tensors is not what the last optimizer "
+                           f"step left, each changed by another factor (up to {spread:.3g}x apart): the moments of other "
+                           "tensors (a restore by position into a reordered parameter list, another model's state)"), {
+                    **ev, "rule": "foreign"}
             rule = "grown" if scale is not None and scale > 1 else "shrunk"
             what = "gone" if scale == 0 else f"x{scale:.3g}" if scale is not None else "changed"
             return 2, (f"the optimizer state of {changed:.0%} of the policy's tensors is not what the last optimizer step "
-                       f"left (second moments {what}): written outside optimizer.step() (a restore in the wrong scale, "
-                       "a reset, another run's state)"), {
-                "update/moments_changed": {"value": round(changed, 4)},
-                "update/moments_scale": {"value": None if scale is None else round(scale, 6)}, "rule": rule}
+                       f"left (second moments {what}, alike for every tensor): written outside optimizer.step() (a "
+                       "restore in the wrong scale, a reset)"), {**ev, "rule": rule}
         moved = []
         for key, what in self.SETTINGS.items():
             first = next((v for r in h.rows if r["step"] not in h.discarded and (v := finite(r.get(key))) is not None), None)

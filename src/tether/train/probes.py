@@ -43,6 +43,10 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
                           reset, another run's state make it move
     update/moments_scale  over those tensors, the second moments' sampled sum now over what the last
                           step left (0: the state is gone, < 1: each later step larger, > 1: smaller)
+    update/moments_spread the largest over the smallest tensor's own such ratio (1: one rescale of all,
+                          or all lost; far from 1: the moments of other tensors, a reordered restore)
+    update/moments_steps  Adam's step counter over what the last step left (> 0: optimizer.step() ran
+                          in between, outside the update's loop)
     update/opt_beta1, update/opt_beta2, update/opt_eps, update/opt_weight_decay
                           the policy's param group's settings each optimizer step used (mean over the
                           update's steps): the health layer compares them with the run's first step's
@@ -170,10 +174,16 @@ def compute_moment_sketch(optimizer, size: int = MOMENT_SAMPLES) -> torch.Tensor
     return None if out is None or bool(out[:, 0].isnan().all()) else out
 
 
-def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None) -> tuple[float, float] | None:
-    """(fraction of tensors whose sampled state changed, their second moments' sum now / before) between
-    what an optimizer step left (`before`) and what the next one starts from (`now`); None when there is
-    nothing to compare (no earlier step, another layout). A tensor whose state vanished counts with 0."""
+def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None) -> dict[str, float] | None:
+    """How the optimizer state an optimizer step starts from (`now`) differs from what the previous one
+    left (`before`); None when there is nothing to compare (no earlier step, another layout):
+
+    update/moments_changed  the fraction of tensors (with state before) whose sampled state changed
+    update/moments_scale    their second moments' sampled sum now / before (a tensor whose state vanished: 0)
+    update/moments_spread   the largest over the smallest of those tensors' own ratios (1: one rescale of
+                            every tensor, or all lost; far from 1: moments of other tensors)
+    update/moments_steps    Adam's step counter now minus before, at most (> 0: optimizer.step() ran between)
+    """
     if before is None or now is None or before.shape != now.shape:
         return None
     had = ~before[:, 0].isnan()
@@ -182,11 +192,18 @@ def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None)
     gone = now[:, 0].isnan() & had
     changed = had & (gone | (now != before).any(-1))
     if not bool(changed.any()):
-        return 0.0, 1.0
+        return {"update/moments_changed": 0.0}
     size = (before.shape[1] - 1) // 2
-    was = float(before[changed, 1:1 + size].sum())
-    is_ = float(torch.nan_to_num(now[changed, 1:1 + size], nan=0.0).sum())
-    return float(changed.sum()) / float(had.sum()), (is_ / was if was > 0 else float("inf") if is_ > 0 else 1.0)
+    was = before[changed, 1:1 + size].sum(-1)
+    is_ = torch.nan_to_num(now[changed, 1:1 + size], nan=0.0).sum(-1)
+    ratios = [float(i / w) for i, w in zip(is_, was) if w > 0]
+    lo, hi = (min(ratios), max(ratios)) if ratios else (1.0, 1.0)
+    steps = torch.nan_to_num(now[had, 0] - before[had, 0], nan=0.0)
+    w = float(was.sum())
+    return {"update/moments_changed": float(changed.sum()) / float(had.sum()),
+            "update/moments_scale": float(is_.sum()) / w if w > 0 else float("inf") if float(is_.sum()) > 0 else 1.0,
+            "update/moments_spread": 1.0 if hi == 0 else hi / lo if lo > 0 else float("inf"),
+            "update/moments_steps": float(steps.max())}
 
 
 def compute_hparams(optimizer) -> dict[str, float]:

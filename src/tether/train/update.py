@@ -417,17 +417,17 @@ def _note_grad_direction(optimizer, state: UpdateState, stats: dict[str, list[fl
     stats.setdefault("time", []).append(time.perf_counter() - t0)
 
 
+MAX_STATS = ("update/frozen_frac", "update/moments_changed", "update/moments_spread", "update/moments_steps")
+
+
 def _note_optimizer_state(optimizer, state: UpdateState, stats: dict[str, list[float]]) -> None:
     """Before an optimizer step (after the fault seam): the settings it will use, and whether the
     state it starts from is what the previous step left (`update/moments_changed`, `_scale`)."""
     t0 = time.perf_counter()
     for k, v in compute_hparams(optimizer).items():
         stats.setdefault(k, []).append(v)
-    change = compute_moment_change(state.moments, compute_moment_sketch(optimizer))
-    if change is not None:
-        stats.setdefault("update/moments_changed", []).append(change[0])
-        if change[0] > 0:
-            stats.setdefault("update/moments_scale", []).append(change[1])
+    for k, v in (compute_moment_change(state.moments, compute_moment_sketch(optimizer)) or {}).items():
+        stats.setdefault(k, []).append(v)
     stats.setdefault("time", []).append(time.perf_counter() - t0)
 
 
@@ -453,7 +453,7 @@ def _probe_results(ctx: UpdateContext, batch: TrainBatch, probe, ps: _Pass, fuse
                                        t.share_prefix)
         out.update(compute_logp_progress(before, after, sub.advantages_BT, sub.loss_mask_BT))
     for key, xs in (ps.stats or {}).items():
-        out[key] = max(xs) if key in ("update/frozen_frac", "update/moments_changed") else sum(xs) if key == "time" else sum(xs) / len(xs)
+        out[key] = max(xs) if key in MAX_STATS else sum(xs) if key == "time" else sum(xs) / len(xs)
     if ps.norms is not None:
         out.update(ps.norms.result())
     out["update/kl_pre"] = float("nan") if fused else ps.pre_kl

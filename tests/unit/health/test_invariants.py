@@ -290,13 +290,21 @@ def test_moment_sketch_samples_the_same_positions_and_compares_by_hand():
     assert sk.dtype == torch.float64 and sk.shape == (2, 9)
     assert sk[0].tolist() == pytest.approx([1.0, 0.0, 6.25, 25.0, 56.25, 0.0, 2.5, 5.0, 7.5])
     assert sk[1].tolist() == pytest.approx([1.0, 0.01, 0.04, 0.09, 0.0, 0.1, -0.2, 0.3, 0.0])
-    assert compute_moment_change(sk, compute_moment_sketch(opt, size=4)) == (0.0, 1.0)  # nothing wrote it
+    assert compute_moment_change(sk, compute_moment_sketch(opt, size=4)) == {"update/moments_changed": 0.0}  # untouched
     opt.state[a]["exp_avg_sq"].mul_(0.01)  # a restore in the wrong scale, one tensor of two
-    frac, scale = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
-    assert frac == 0.5 and scale == pytest.approx(0.01)
-    opt.state.pop(b)  # b's state lost: its second moments count 0
-    frac, scale = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
-    assert frac == 1.0 and scale == pytest.approx((0.8750 + 0.0) / (87.5 + 0.14))
+    ch = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
+    assert ch["update/moments_changed"] == 0.5 and ch["update/moments_scale"] == pytest.approx(0.01)
+    assert ch["update/moments_spread"] == pytest.approx(1.0) and ch["update/moments_steps"] == 0.0
+    opt.state.pop(b)  # b's state lost: its second moments count 0; a at 0.01 and b at 0 are not one rescale
+    ch = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
+    assert ch["update/moments_changed"] == 1.0 and ch["update/moments_scale"] == pytest.approx((0.875 + 0.0) / (87.5 + 0.14))
+    assert ch["update/moments_spread"] == float("inf")
+    opt2, a2, b2 = _adam_with_state()
+    sk2 = compute_moment_sketch(opt2, size=4)
+    opt2.step()  # an extra optimizer.step() (same gradients): the counter runs ahead, one factor per tensor
+    ch = compute_moment_change(sk2, compute_moment_sketch(opt2, size=4))
+    # v = 0.01 g^2 after one step; after the second 0.99 x 0.01 g^2 + 0.01 g^2 = 0.0199 g^2: 1.99x
+    assert ch["update/moments_steps"] == 1.0 and ch["update/moments_scale"] == pytest.approx(1.99)
     # no earlier step, another layout, an optimizer without moments: nothing to compare
     assert compute_moment_change(None, sk) is None and compute_moment_change(sk, sk[:1]) is None
     assert compute_moment_sketch(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])) is None

@@ -156,10 +156,15 @@ def _optimizer(change):
 
 def test_optimizer_state_written_between_steps_and_settings_changed_mid_run():
     assert _optimizer(lambda r: None) == []  # the state only the steps write, the settings the first step's
-    for scale, rule in ((0.01, "shrunk"), (0.0, "shrunk"), (100.0, "grown")):
-        f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": scale})),
+    for scale, spread, rule in ((0.01, 1.0, "shrunk"), (0.0, 1.0, "shrunk"), (100.0, 1.0, "grown"), (0.9, 30.0, "foreign")):
+        f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": scale,
+                                                  "update/moments_spread": spread, "update/moments_steps": 0.0})),
                    "optimizer_state")
         assert f.step == 15 and f.severity == "critical" and f.evidence["rule"] == rule
+    # the counter ran ahead: optimizer.step() outside the loop, whatever the moments did
+    f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 2.0,
+                                              "update/moments_spread": 1.3, "update/moments_steps": 1.0})), "optimizer_state")
+    assert f.step == 15 and f.evidence["rule"] == "extra_steps"
     f = _first(_optimizer(lambda r: r.update({"update/opt_eps": 0.1})), "optimizer_state")
     assert f.step == 15 and f.evidence["rule"] == "eps" and "eps 1e-08 -> 0.1" in f.message
     for change in ({"update/opt_eps": 1e-12}, {"update/opt_beta1": 0.999, "update/opt_beta2": 0.9},
@@ -238,6 +243,7 @@ def _f(detector: str, rule: str | None = None, step: int = 15, severity: str = "
     ([_f("optimizer_state", "shrunk"), _f("kl_explosion", "spike", 16)], "lr_too_high"),
     ([_f("optimizer_state", "eps"), _f("progress", "stalled", 17)], "no_progress"),
     ([_f("optimizer_state", "grown")], "no_progress"),
+    ([_f("optimizer_state", "extra_steps"), _f("kl_explosion", "spike", 16)], "lr_too_high"),
 ])
 def test_each_check_points_at_its_cause(findings, cause):
     assert diagnose(findings)[0].cause == cause
@@ -251,6 +257,12 @@ def test_copies_of_problems_picked_by_their_answer_are_not_plain_duplicates():
     assert diagnose([_f("data_shift", "answers", 15, "warn"), _f("data_shift", "unsolvable", 16, "warn")])[0].cause == \
         "data_corruption"
     assert diagnose([_f("data_shift", "answers", 15, "warn")])[0].cause == UNEXPLAINED
+
+
+def test_moments_of_other_tensors_are_not_an_update_size_problem():
+    hyps = diagnose([_f("optimizer_state", "foreign"), _f("kl_explosion", "spike", 16)])
+    assert hyps[0].cause == UNEXPLAINED
+    assert "optimizer_state" in next(h for h in hyps if h.cause == "lr_too_high").contradicted
 
 
 def test_changed_optimizer_settings_are_not_a_too_high_lr_nor_the_data():

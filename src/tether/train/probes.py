@@ -155,7 +155,8 @@ HPARAMS = (("update/opt_beta1", "betas", 0), ("update/opt_beta2", "betas", 1), (
 def compute_moment_sketch(optimizer, size: int = MOMENT_SAMPLES) -> torch.Tensor | None:
     """The optimizer state of the first param group's tensors, sampled: one float64 row per tensor,
     [Adam's step, <= `size` strided elements of `exp_avg_sq`, of `exp_avg`] (zero-padded, the same
-    positions every step; NaN for a tensor without state). None for an optimizer without Adam moments."""
+    positions every step; NaN for a tensor without state, as for every tensor of an optimizer without Adam
+    moments). None without parameters."""
     rows, width = [], 1 + 2 * size
     with torch.no_grad():
         for p in optimizer.param_groups[0]["params"]:
@@ -170,8 +171,8 @@ def compute_moment_sketch(optimizer, size: int = MOMENT_SAMPLES) -> torch.Tensor
                 x = flat[:: max(1, flat.numel() // size)][:size].double().cpu()
                 parts.append(torch.nn.functional.pad(x, (0, size - x.numel())))
             rows.append(torch.cat(parts))
-    out = torch.stack(rows) if rows else None
-    return None if out is None or bool(out[:, 0].isnan().all()) else out
+    # a tensor without state is a NaN row: a state lost between steps (every tensor's) compares as gone
+    return torch.stack(rows) if rows else None
 
 
 def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None) -> dict[str, float] | None:

@@ -307,7 +307,11 @@ def test_moment_sketch_samples_the_same_positions_and_compares_by_hand():
     assert ch["update/moments_steps"] == 1.0 and ch["update/moments_scale"] == pytest.approx(1.99)
     # no earlier step, another layout, an optimizer without moments: nothing to compare
     assert compute_moment_change(None, sk) is None and compute_moment_change(sk, sk[:1]) is None
-    assert compute_moment_sketch(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])) is None
+    empty = compute_moment_sketch(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))]))  # before its first step
+    assert empty.shape == (1, 17) and bool(empty.isnan().all()) and compute_moment_change(empty, empty) is None
+    opt.state.clear()  # every tensor's state lost (an optimizer rebuilt between steps): all gone, one factor (0)
+    ch = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
+    assert (ch["update/moments_changed"], ch["update/moments_scale"], ch["update/moments_spread"]) == (1.0, 0.0, 1.0)
 
 
 def test_hparams_are_the_first_groups_adam_settings():

@@ -158,6 +158,7 @@ def test_a_reference_reset_that_clears_the_optimizer_on_purpose_is_not_flagged(t
     ("adam_state_corrupt", (), "optimizer_state", "shrunk"),
     ("adam_eps_inflated", (), "optimizer_state", "eps"),
     ("optimizer_double_step", (), "optimizer_state", "extra_steps"),  # Adam's counter runs ahead of the loop
+    ("adam_state_reset", (), "optimizer_state", "shrunk"),  # every tensor's state lost: gone, one factor
 ])
 def test_a_fault_at_an_update_seam_fires_its_check(tmp_path, fault, extra, detector, rule):
     found, _ = _run(tmp_path, fault, extra, start=2 if fault.startswith("adam_") else 1)

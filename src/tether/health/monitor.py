@@ -34,11 +34,9 @@ from tether.io.state import decode_state, encode_state
 
 log = logging.getLogger("tether.health")
 # findings that mean the weights themselves are damaged: a repair then starts from a rollback
-# (optimizer_state: the moments were written outside the optimizer and the next step moved the weights with
-# them; the snapshot restores both)
 DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
           "length", "reward_hacking", "nonfinite", "advantage_misalignment", "advantage_invariants", "accuracy_drop",
-          "loss_mask", "reward_linkage", "update_size", "progress", "optimizer_state"}
+          "loss_mask", "reward_linkage", "update_size", "progress"}
 
 
 def build_detectors(hc: Any) -> dict[str, Detector]:

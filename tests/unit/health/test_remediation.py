@@ -429,19 +429,3 @@ def test_an_unexplained_anomaly_is_held_not_repaired_and_halts_once_it_costs_acc
     assert step is not None and 26 < step < 31 and "regressed" in mon.halted
     snap = max((s for s in mon.snapshots if s.step < 14), key=lambda s: s.step)
     assert torch.equal(st.policy.model.weight.detach(), snap.model["weight"])
-
-
-def test_moments_written_outside_the_optimizer_are_restored_by_a_rollback():
-    # Adam's second moments rescaled before steps 15 and 16 (a restore in the wrong scale): the repair starts
-    # from the snapshot before, which holds the moments and the weights the corrupted steps had not yet moved
-    st, cfg = _live(_cfg())
-    mon = HealthMonitor(cfg)
-
-    def edit(row, step):
-        if 15 <= step <= 16 and not mon.actions:  # written before two optimizer steps, no other sign yet
-            row.update({"update/moments_changed": 1.0, "update/moments_scale": 0.01, "update/moments_spread": 1.0,
-                        "update/moments_steps": 0.0})
-
-    assert _drive(mon, st, cfg, 30, edit) is None
-    assert mon.actions[0]["event"] == "apply" and mon.actions[0]["cause"] == "lr_too_high"
-    assert mon.actions[0]["rollback_to"] is not None and mon.actions[0]["rollback_to"] < 15

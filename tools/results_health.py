@@ -140,7 +140,7 @@ HEALTH_EXTENDED = Entry(
     command="bash benchmarks/faultbench_extended.sh 16",
     read=read_health_extended,
     # the README's health line once this file exists (tools/gen_results.py HEADLINES: "health-extended")
-    headline="on {kinds} injected training-fault kinds ({held_kinds} never used in tuning) the health layer's recall "
+    headline="on {kinds} injected training-fault kinds ({held_kinds} held out, scored before any tuning on them) the health layer's recall "
              "is {rec_o} (obvious faults) / {rec_s} (subtle); it names the cause first in {top1_t} of runs on the tuned kinds and "
              "{top1_h} on the held-out ones, answers \"unexplained\" for {unexp} of the faults outside its taxonomy, "
              "{fa} false alarms on healthy runs",

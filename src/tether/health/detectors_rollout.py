@@ -175,9 +175,10 @@ class DataDetector(Detector):
     filter on the label column, a file sorted by it; copies of problems raise the share instead)."""
 
     name, mode = "data_shift", "data"
-    # answers: on 6 healthy runs of the extended benchmark the 3-step means of the answers' length stayed within
-    # 0.03 of the baseline median (1.34 characters) and the distinct share within 0.06 of it (0.53); an 8-step
-    # baseline's robust scale of the share is itself noisy (0.04-0.07), hence z 4 with a floor
+    # answers: on 66 healthy runs of the extended benchmark the 3-step means of the answers' length stayed within
+    # 0.12 of their run's baseline median (1.30-1.40 characters) and the distinct share fell at most 0.09 below it
+    # (0.50-0.58); a sorted file dropped the share by up to 0.43, a length filter the length by 0.36
+    # (health_thresholds_answers.json); an 8-step baseline's robust scale is itself noisy, hence z 4 with a floor
     defaults = {"prompt_z": 6.0, "prompt_rel": 0.1, "repeat": 0.35, "unsolvable": 0.35, "unsolvable_z": 3.0,
                 "answer_z": 4.0, "answer_len_rel": 0.15, "answer_distinct_rel": 0.25}
 

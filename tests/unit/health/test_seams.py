@@ -192,3 +192,17 @@ def test_every_update_seam_is_called_with_the_update_objects(tmp_path, test_faul
     _Grads.seen.clear()
     _run(tmp_path, f"{test_faults}:_Grads", ("algo.kl.coef=0.1", "algo.mini_batches=1"))  # fused: pi_old scored anyway
     assert _Grads.seen == {"old": True, "norm": True, "loss": ["entropy", "kl", "pg"], "grads": True}
+
+
+@pytest.mark.parametrize("extra", [(), ("model.lora={r: 4}",)])
+def test_the_optimizer_state_check_holds_across_a_resume_with_and_without_lora(tmp_path, extra):
+    # the checkpoint holds the moments and the sketch of them the last step left: the first step after a resume
+    # compares the two and finds them equal (with LoRA the policy's param group is the adapters')
+    base = TINY + list(extra) + ["checkpoint.every=2"]
+    run_rl(load_config(None, base + ["train.steps=4"]), tmp_path / "run")
+    run_rl(load_config(None, base + ["train.steps=6"]), tmp_path / "run", resume=True)
+    events = [json.loads(x) for x in (tmp_path / "run" / "health.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in rows if "update/moments_changed" in r}
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6] and all(r["update/moments_changed"] == 0.0 for r in steps.values())
+    assert not [e for e in events if e.get("kind") == "finding" and e["detector"] == "optimizer_state"], events

@@ -107,17 +107,18 @@ def compute_logp_progress(before_BT: torch.Tensor, after_BT: torch.Tensor, adv_B
 SKETCH_PER_TENSOR = 256
 
 
+def _strided(t: torch.Tensor, size: int) -> torch.Tensor:
+    """<= `size` elements of `t` at fixed strided positions (the same every step), float64 on the CPU;
+    an FSDP2 shard: this rank's, the same every step."""
+    flat = (t.to_local() if hasattr(t, "to_local") else t).detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // size)][:size].double().cpu()
+
+
 def compute_grad_sketch(grads: list[torch.Tensor | None], size: int = SKETCH_PER_TENSOR) -> torch.Tensor | None:
     """A fixed strided sample (<= `size` elements of each tensor, the same positions every step) of
     the gradients, in float64: cosines between steps' sketches track the gradients' own."""
-    parts = []
     with torch.no_grad():
-        for g in grads:
-            if g is None:
-                continue
-            g = g.to_local() if hasattr(g, "to_local") else g  # FSDP2: this rank's shard, the same every step
-            flat = g.detach().reshape(-1)
-            parts.append(flat[:: max(1, flat.numel() // size)][:size].double().cpu())
+        parts = [_strided(g, size) for g in grads if g is not None]
     return torch.cat(parts) if parts else None
 
 
@@ -166,9 +167,7 @@ def compute_moment_sketch(optimizer, size: int = MOMENT_SAMPLES) -> torch.Tensor
                 continue
             parts = [torch.tensor([float(st.get("step", 0))], dtype=torch.float64)]
             for key in ("exp_avg_sq", "exp_avg"):
-                v = st[key].to_local() if hasattr(st[key], "to_local") else st[key]  # FSDP2: this rank's shard
-                flat = v.detach().reshape(-1)
-                x = flat[:: max(1, flat.numel() // size)][:size].double().cpu()
+                x = _strided(st[key], size)
                 parts.append(torch.nn.functional.pad(x, (0, size - x.numel())))
             rows.append(torch.cat(parts))
     # a tensor without state is a NaN row: a state lost between steps (every tensor's) compares as gone

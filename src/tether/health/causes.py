@@ -56,7 +56,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
            # Adam's second moments shrunk or lost between steps, or extra optimizer steps: every update larger, at
            # the same LR
            "optimizer_state:shrunk": 4, "optimizer_state:extra_steps": 4},
-          ("restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
+          ("restore_optimizer_state", "restore_clip", "lower_epochs", "lower_lr", "lower_lr_x10", "raise_kl"),
           "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor",
           # changed betas / weight decay are not an update-size problem at the configured LR
           quiet=tuple(q for q in _UPDATE_INTERNALS if q != "optimizer_state") + _OPTIMIZER_SETTINGS + (

@@ -33,6 +33,8 @@ from tether.health.telemetry import (History, compute_buffers_fingerprint, compu
 from tether.io.state import decode_state, encode_state
 
 log = logging.getLogger("tether.health")
+# the optimizer-state check's rules for moments written between steps (a rescale, a loss, another tensor's state)
+STATE_WRITES = ("shrunk", "grown", "foreign")
 # findings that mean the weights themselves are damaged: a repair then starts from a rollback
 DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
           "length", "reward_hacking", "nonfinite", "advantage_misalignment", "advantage_invariants", "accuracy_drop",
@@ -295,12 +297,24 @@ class HealthMonitor:
                                     "kl_base": base.median if base is not None else None, **(extra or {})}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
+        writes = {f.step for f in self.findings if f.step > step - 10 and f.detector == "optimizer_state"
+                  and f.evidence.get("rule") in STATE_WRITES}
+        if len(writes) == 1:  # the optimizer state was written once: a rollback alone undoes it
+            evidence["state_write"] = next(iter(writes))
         while candidates:
             name = candidates.pop(0)
             if name == "halt":
                 return self._give_up(st, step, hyp, snap, "the diagnosed cause needs a fix no setting can make")
             if self._tried >= self.hc.max_actions:
                 return self._give_up(st, step, hyp, snap, f"{self._tried} repairs tried (health.max_actions)")
+            if ACTIONS[name].restores:  # the change is the rollback itself: only from a snapshot before the onset
+                if "state_write" not in evidence:
+                    continue
+                if not rollback:
+                    snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None)
+                    rollback = snap is not None
+                if not rollback:
+                    continue
             if rollback:  # first roll back (a KL anchor is taken from the restored weights)
                 do_rollback(st, snap)
             undo = snap if rollback else take_snapshot(st, step)

@@ -121,6 +121,7 @@ class Action:
     watch: tuple[str, ...]  # detectors that must stay quiet for the change to be kept
     apply: Callable[[Any, Any, dict], list[Change]]  # (st, cfg, evidence) -> changes; [] = not applicable
     guard: Callable[[list[dict]], str | None] = lambda rows: None  # trial rows -> why the change is unsafe
+    restores: bool = False  # the change IS the rollback: applied only from a snapshot before the onset
 
 
 def _lower_lr(factor: float, scaled: bool = False, key: str = "update_ratio"):
@@ -231,6 +232,18 @@ def _downweight_component(st, cfg, ev):
     return changes
 
 
+def _restore_state(st, cfg, ev):
+    """A one-shot write of the optimizer state (the moments rescaled or replaced once, between two
+    steps): the rollback that precedes this change restores the moments, so no setting changes -
+    an LR cut would stay in force after the cause is gone and cost the rest of the run its pace.
+    Applies only when the optimizer-state check fired at a single step (`state_write`); a write that
+    recurs fires again during the trial (watched) and the trial is reverted."""
+    step = ev.get("state_write")
+    if not isinstance(step, int):
+        return []
+    return [Change("optimizer.state", f"written outside optimizer.step() at step {step}", "restored from the snapshot")]
+
+
 def _halt(st, cfg, ev):
     return []
 
@@ -247,6 +260,8 @@ def _guard_masking(rows: list[dict]) -> str | None:
 # check (> 0.5 nats), the relative kl_explosion rule's twin when the run's baseline KL was already high
 _HARM = ("grad_spike", "kl_explosion", "update_size", "nonfinite", "regression")
 ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("restore_optimizer_state", "roll back to the last healthy weights and optimizer state, no setting changed",
+           _HARM + ("optimizer_state",), _restore_state, restores=True),
     Action("lower_lr", "lower the learning rate by the update-size evidence (0.3x or less)",
            _HARM + ("clip_saturation", "entropy_explosion", "entropy_collapse"), _lower_lr(0.3, scaled=True)),
     Action("restore_clip", "switch PPO clipping back on (default range)", _HARM + ("clip_saturation",), _restore_clip),
@@ -355,6 +370,8 @@ def _rebuild_change(st: Any, cfg: Any, rec: dict[str, Any]) -> Change:
     again if it had none); the LR and the KL coefficient came back with the optimizer/scheduler and
     the update state; a KL anchor is rebuilt from the checkpoint's reference weights (`st.pending_ref`)."""
     path, old, new = rec["path"], rec["old"], rec["new"]
+    if path == "optimizer.state":  # a rollback, done before the checkpoint: nothing to put back in force
+        return Change(path, old, new)
     if path == "train.lr":
         sched = getattr(st, "scheduler", None)
         base = list(getattr(sched, "base_lrs", []) or [])

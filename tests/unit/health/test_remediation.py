@@ -429,3 +429,41 @@ def test_an_unexplained_anomaly_is_held_not_repaired_and_halts_once_it_costs_acc
     assert step is not None and 26 < step < 31 and "regressed" in mon.halted
     snap = max((s for s in mon.snapshots if s.step < 14), key=lambda s: s.step)
     assert torch.equal(st.policy.model.weight.detach(), snap.model["weight"])
+
+
+def _state_write_run(recurs: bool):
+    """Adam's second moments are written once at step 15 (x0.01, every tensor alike), or at every step from
+    15 on (`recurs`); while the written state is in force every update is oversized (grad-norm spike, KL
+    30x its baseline). A rollback restores the state the snapshot's moments were left in."""
+    st, cfg = _live(_cfg())
+    mon = HealthMonitor(cfg)
+
+    def edit(row, step):
+        if step == 15 or (recurs and step > 15):
+            st.update.moments = "written"
+            row.update({"update/moments_changed": 1.0, "update/moments_scale": 0.01, "update/moments_spread": 1.0})
+        if st.update.moments == "written":
+            row["grad_norm"], row["approx_kl"] = 12.0, 0.3
+    return st, mon, _drive(mon, st, cfg, 40, edit, direct=True)
+
+
+def test_a_one_shot_write_of_the_optimizer_state_is_repaired_by_the_rollback_alone():
+    st, mon, halted = _state_write_run(recurs=False)
+    assert halted is None
+    events = [(a["event"], a["action"]) for a in mon.actions]
+    assert events == [("apply", "restore_optimizer_state"), ("keep", "restore_optimizer_state")]
+    assert mon.actions[0]["rollback_to"] < 15 and st.update.moments != "written"
+    assert st.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # no LR cut left in force
+
+
+def test_a_recurring_write_of_the_optimizer_state_is_not_repaired_by_a_rollback_alone():
+    st, mon, _ = _state_write_run(recurs=True)
+    names = [a["action"] for a in mon.actions if a["event"] == "apply"]
+    assert names and "restore_optimizer_state" not in names and names[0] == "lower_lr"
+
+
+def test_the_restore_action_applies_only_to_a_single_write():
+    st, cfg = _live(_cfg())
+    assert ACTIONS["restore_optimizer_state"].apply(st, cfg, {}) == []
+    (ch,) = ACTIONS["restore_optimizer_state"].apply(st, cfg, {"state_write": 15})
+    assert ch.path == "optimizer.state" and "step 15" in ch.old

@@ -4,7 +4,7 @@ Each kind is modelled on a bug users of an RL, training or inference framework r
 is named in its docstring) and acts at one seam of the fault API. They were written without
 looking at how the health layer detects or diagnoses them, and never used to tune it; the effect
 of each on training (accuracy, reward) was checked against a healthy control, three seeds, nothing
-else (benchmarks/results/faultbench_fresh7_effect.json).
+else (its result file is added with the measurement).
 
 taxonomy    reward_gold_substring (reward: exploitable_reward), engine_rope_default (system:
             rollout_mismatch), forward_without_grad (optimisation: no_progress),

@@ -182,7 +182,7 @@ def _tiny_llama() -> HFPolicy:
     return HFPolicy(LlamaForCausalLM(cfg), None, (0,), 0)
 
 
-@pytest.mark.parametrize("severity,base", [("subtle", 1e5), ("obvious", 5e5)])
+@pytest.mark.parametrize("severity,base", [("subtle", 5e5), ("obvious", 1e7)])
 def test_engine_rope_default_runs_the_trainers_weights_with_other_rotary_frequencies(severity, base):
     pol = _tiny_llama()
     fs, st = fault_before_start("engine_rope_default", severity, pol)

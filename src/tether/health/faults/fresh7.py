@@ -219,11 +219,13 @@ class EngineRopeDefault(Fault):
     copies every field "except `rope_theta`"; huggingface/candle PR#3746, Yi's RoPE hardcodes
     10000). The engine receives the trainer's weights and buffers every step, except its
     rotary frequencies, which come from `base` (the tiny model's config says 10000); the trainer
-    is right. `subtle`: base 1e5; `obvious`: base 5e5 (Llama 3's). Label rollout_mismatch: the
-    engine's forward differs from the trainer's."""
+    is right. `subtle`: base 5e5 (Llama 3's); `obvious`: base 1e7 (a long-context default). Made
+    stronger once: the first effect check (subtle 1e5, obvious 5e5) moved neither final_train_acc
+    nor rollout accuracy beyond the healthy seeds' spread (the effect file's note). Label
+    rollout_mismatch: the engine's forward differs from the trainer's."""
 
     name, family, cause, seam = "engine_rope_default", "system", "rollout_mismatch", "engine_config"
-    severities = {"subtle": {"base": 1e5}, "obvious": {"base": 5e5}}
+    severities = {"subtle": {"base": 5e5}, "obvious": {"base": 1e7}}
 
     def on_sampler(self, policy, sampling, step):
         if not hasattr(self, "_engine"):

@@ -4,7 +4,11 @@ Each kind is modelled on a bug users of an RL, training or inference framework r
 is named in its docstring) and acts at one seam of the fault API. They were written without
 looking at how the health layer detects or diagnoses them, and never used to tune it; the effect
 of each on training (accuracy, reward) was checked against a healthy control, three seeds, nothing
-else (its result file is added with the measurement).
+else (benchmarks/results/faultbench_fresh7_effect.json). Clear at obvious: prompt_template_drift,
+forward_without_grad, checkpoint_sorted_lexically; modest: adam_step_count_reset,
+reward_gold_substring, rollout_logp_shifted; mask_includes_prompt and engine_rope_default (made
+stronger once) show no effect beyond the healthy seeds' spread at either severity. Most subtle
+forms move at most one seed below its healthy run.
 
 taxonomy    reward_gold_substring (reward: exploitable_reward), engine_rope_default (system:
             rollout_mismatch), forward_without_grad (optimisation: no_progress),

@@ -36,13 +36,15 @@ The history of the split, so a reader can judge what "held out" means:
   points: faultbench_first_look_r5.json); the layer was then developed in the light of those runs
   (the optimizer state written between steps and its settings changed mid-run, a loader that picks
   problems by their answer), so they are tuned kinds now.
-- `HELD_OUT`: 8 kinds written by another hand after that (faults/fresh6.py) while the code under
-  test was frozen (75744d3), not run by the hand that tunes the layer before they were scored;
-  4 of them outside the taxonomy. Scored once (round 6's first look, benchmarks/results/
-  faultbench_extended.json's held-out half: top-1 0.45; first-look points:
-  faultbench_first_look_r6.json). One change was made in the light of those runs afterwards
-  (`optimizer_state:foreign`: a reordered restore of Adam's state is not a too-high LR), so for
-  the code after it they are no longer unseen: the next round needs a fresh set.
+- `SEEN_ROUND6`: 8 kinds written by another hand after that (faults/fresh6.py) while the code
+  under test was frozen (75744d3), held out in round 6 and scored once (benchmarks/results/
+  faultbench_extended_r6.json: top-1 0.45, 8 of 20 outside-taxonomy runs "unexplained"; first-look
+  points: faultbench_first_look_r6.json); the layer was then developed in the light of those runs
+  (a reordered restore of Adam's state is not a too-high LR: `optimizer_state:foreign`), so they
+  are tuned kinds now.
+- `HELD_OUT`: 8 kinds written by another hand after that (faults/fresh7.py) while the code under
+  test was frozen (FROZEN), not run by the hand that tunes the layer before they were scored;
+  4 of them outside the taxonomy.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.
 """
@@ -76,10 +78,13 @@ SEEN_ROUND4 = ("reward_cached_by_prompt", "finished_rows_masked", "adam_eps_infl
 # the fifth held-out set (faults/fresh5.py), held out in round 5, scored once, then developed on
 SEEN_ROUND5 = ("reward_special_token_suffix", "advantages_from_previous_batch", "adam_state_reset", "sync_one_replica",
                "adam_betas_swapped", "microbatch_grads_zeroed", "loader_answer_length_filter", "grads_applied_late")
-# the sixth held-out set (faults/fresh6.py), never tuned on
-HELD_OUT = ("reward_length_sorted", "loo_filter_keeps_majority", "loo_advantage_spike", "sync_merge_accumulates",
+# the sixth held-out set (faults/fresh6.py), held out in round 6, scored once, then developed on
+SEEN_ROUND6 = ("reward_length_sorted", "loo_filter_keeps_majority", "loo_advantage_spike", "sync_merge_accumulates",
             "old_logp_sequence_sum", "grad_flat_offset", "adam_state_reordered", "prefix_cache_collision")
-TUNED = EARLIER + NEW_TUNED + SEEN_ONCE + SEEN_ROUND2 + SEEN_ROUND3 + SEEN_ROUND4 + SEEN_ROUND5
+# the seventh held-out set (faults/fresh7.py), never tuned on
+HELD_OUT = ("reward_gold_substring", "engine_rope_default", "forward_without_grad", "mask_includes_prompt",
+            "checkpoint_sorted_lexically", "adam_step_count_reset", "prompt_template_drift", "rollout_logp_shifted")
+TUNED = EARLIER + NEW_TUNED + SEEN_ONCE + SEEN_ROUND2 + SEEN_ROUND3 + SEEN_ROUND4 + SEEN_ROUND5 + SEEN_ROUND6
 
 
 def split_of(fault: str) -> str:
@@ -88,4 +93,4 @@ def split_of(fault: str) -> str:
 
 
 __all__ = ["EARLIER", "HELD_OUT", "NEW_TUNED", "SEEN_ONCE", "SEEN_ROUND2", "SEEN_ROUND3", "SEEN_ROUND4", "SEEN_ROUND5",
-           "TUNED", "split_of"]
+           "SEEN_ROUND6", "TUNED", "split_of"]

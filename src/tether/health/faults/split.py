@@ -43,7 +43,7 @@ The history of the split, so a reader can judge what "held out" means:
   (a reordered restore of Adam's state is not a too-high LR: `optimizer_state:foreign`), so they
   are tuned kinds now.
 - `HELD_OUT`: 8 kinds written by another hand after that (faults/fresh7.py) while the code under
-  test was frozen (FROZEN), not run by the hand that tunes the layer before they were scored;
+  test was frozen (05d4073), not run by the hand that tunes the layer before they were scored;
   4 of them outside the taxonomy.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.

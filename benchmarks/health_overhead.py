@@ -11,7 +11,8 @@ diagnosis), `time/probes` (inside the update: the probe rows' forwards and the s
 the RL step time without them: sum(health + probes + fingerprint) / sum(step - probes - fingerprint)
 over every RL step. Not timed in the run: the checks of the batch phase (advantage alignment, loss-mask
 coverage per position, the token agreement of each row with what the sampler drew; a few reductions over
-the batch and one comparison per row) - `--batch-checks` times them on a batch of the
+the batch and one comparison per row) and, in the update, where a rollout/trainer log-prob gap sits (a few
+elementwise passes over the batch) - `--batch-checks` times them on a batch of the
 demo's shape (the run's mean sequences and length), adds them per step, and recomputes the share. A self-timed share, because a paired on/off comparison cannot resolve 2% on a
 shared 2-core machine (run-to-run wall time moves more than that); the file also records the CPU
 seconds and the load average.
@@ -48,6 +49,7 @@ def time_batch_checks(sequences: int, length: int, group: int = 8, repeats: int 
     import torch
 
     from tether.health import compute_advantage_alignment, compute_mask_coverage, compute_token_agreement
+    from tether.train.probes import compute_logp_shift
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -60,6 +62,8 @@ def time_batch_checks(sequences: int, length: int, group: int = 8, repeats: int 
         compute_mask_coverage(mask, mask > 0, ok)
         kept_ids, kept_attn = ids.clone(), attn.clone()  # the batch build keeps the engine's ids apart
         compute_token_agreement(ids, attn, kept_ids, kept_attn, mask > 0)
+        # in the update, untimed there: where a rollout/trainer log-prob gap sits, once over the batch's rows
+        compute_logp_shift(adv, adv + 0.1, mask)
     return (time.perf_counter() - t0) / repeats
 
 

@@ -26,7 +26,8 @@ HALLMARK = 2.0
 # cause predicts none of them
 _UPDATE_INTERNALS = ("forward_mismatch", "loss_norm", "kl_probe", "progress:frozen", "progress:against", "loss_mask",
                      "grad_memory", "token_ids", "optimizer_state")
-_OPTIMIZER_SETTINGS = ("optimizer_state:eps", "optimizer_state:hparams")
+# the counter reset apart from the moments: bias correction restarts - neither a too-large update nor a frozen one
+_OPTIMIZER_SETTINGS = ("optimizer_state:eps", "optimizer_state:hparams", "optimizer_state:counter")
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "check that every trainable tensor is in the optimizer with requires_grad, and the LR the optimizer "
           "actually steps with (scheduler, per-micro-batch stepping, world-size scaling)",
           quiet=("kl_explosion", "update_size", "progress:fast", "grad_spike", "clip_saturation", "optimizer_state:shrunk",
-                 "optimizer_state:hparams", "optimizer_state:foreign", "optimizer_state:extra_steps")),
+                 "optimizer_state:hparams", "optimizer_state:foreign", "optimizer_state:extra_steps",
+                 "optimizer_state:counter")),
     Cause("kl_inactive", "optimisation", "the KL anchor does nothing (its term carries no gradient, or the "
           "reference follows the policy)",
           {"kl_probe": 6}, (),
@@ -157,7 +159,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"stale_weights": 5, "stale_weights:checksum": 3, "logp_gap": 1, "logp_gap:sawtooth": 4, "logp_floor": 0.5},
           ("halt",),
           "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync",
-          quiet=("forward_mismatch", "sampler_state", "stale_weights:foreign", "stale_weights:jump", "token_ids")),
+          quiet=("forward_mismatch", "sampler_state", "stale_weights:foreign", "stale_weights:jump", "token_ids",
+                 "logp_gap:shifted", "logp_floor:shifted")),
     Cause("rollout_mismatch", "system", "the sampler's and the trainer's forwards differ (sampling settings, numerics, "
           "non-parameter state, weights converted wrong by the sync, a trainer-only layer)",
           {"logp_gap": 3, "logp_floor": 3, "logp_gap:sawtooth": -2, "stale_weights": -3, "entropy_collapse": 0.3,
@@ -166,8 +169,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "align temperature/top-p/top-k, precision and the model's buffers between engine and trainer, and the "
           "trainer's gradient forward with its scoring pass; keep TIS/MIS on",
           # pi_old off while the training forward agrees with the sampler: no forward differs
+          # log-probs that match one position over are the engine's own, misfiled: its forward does not differ
           quiet=("loss_mask", "stale_weights:checksum", "loss_norm", "progress:frozen", "forward_mismatch:old_logp",
-                 "grad_memory", "token_ids", "stale_weights:jump")),
+                 "grad_memory", "token_ids", "stale_weights:jump", "logp_gap:shifted", "logp_floor:shifted")),
     Cause("sampler_duplicates", "system", "the sampler returns copies within a group (one seed per prompt)",
           {"duplicates": 6, "entropy_collapse": 0.5}, ("halt",),
           "seed every sample of a group separately (n samples per prompt must be independent draws)"),

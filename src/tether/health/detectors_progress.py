@@ -31,7 +31,9 @@ update (`tether.train.probes`, `update/*`) or an invariant signal of the step
   else rescaled it by one factor for every tensor, smaller or to nothing (every later step larger: a
   restore in the wrong scale, a reset), `grown` larger (smaller steps); `foreign` when each tensor's
   moments changed by its own factor (the moments of other tensors: a restore by position into a
-  reordered parameter list);
+  reordered parameter list); `counter` when the step counter alone went back (`update/moments_rewound`,
+  the moments as the last step left them: a reset or a restore of the step apart from the state - bias
+  correction restarts; not extra steps, not a rescale);
   and its settings are the run's first step's (`update/opt_*`): rule `eps` for an eps that grew (it
   divides every step: a hidden LR scale down), `hparams` for any other change (betas, weight decay).
 - `param_drift`: the parameters' norm moves steadily faster than during the baseline (and than a
@@ -150,13 +152,22 @@ class OptimizerStateDetector(Detector):
 
     def evaluate(self, h: History, ctx: RunContext):
         steps = finite(h.latest("update/moments_steps"))
-        if steps:
+        if steps and steps > 0:
             return 2, (f"Adam's step counter advanced {steps:.0f} more than the update's own optimizer steps: "
                        "optimizer.step() also runs outside the update's loop (each gradient applied more than once)"), {
                 "update/moments_steps": {"value": steps}, "rule": "extra_steps"}
         changed = finite(h.latest("update/moments_changed"))
         if changed:
             scale, spread = finite(h.latest("update/moments_scale")), finite(h.latest("update/moments_spread"))
+            back = finite(h.latest("update/moments_rewound"))
+            if back and scale is not None and abs(scale - 1.0) <= self.p["rel"]:
+                # the counter alone went back (moments as the last step left them): Adam's bias correction
+                # restarts - the next updates are a different size than the moments imply, for hundreds of steps
+                return 2, (f"Adam's step counter went back {back:.0f} steps while the moments stayed as the last step "
+                           "left them: the counter was reset or restored apart from the moments (a resume that "
+                           "restores the state but not its step); bias correction starts again"), {
+                    "update/moments_rewound": {"value": back}, "update/moments_changed": {"value": round(changed, 4)},
+                    "rule": "counter"}
             ev = {"update/moments_changed": {"value": round(changed, 4)},
                   "update/moments_scale": {"value": None if scale is None else round(scale, 6)},
                   "update/moments_spread": {"value": None if spread is None else round(spread, 4)}}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from tether.health.detectors import OK, Detector, History, RunContext, _ev, _recent_mean, register_detector
+from tether.health.detectors_sanity import logp_shift_evidence
 from tether.health.telemetry import finite
 
 
@@ -286,6 +287,10 @@ class LogpGapDetector(Detector):
                 dips = [v for v in recent[first_high:] if v <= hi]
                 if dips and sum(v > hi for v in recent) >= 3:
                     ev["rule"] = "sawtooth"
+                shifted = logp_shift_evidence(h)
+                if shifted:  # the log-probs line up one position over: misfiled, not a sampler that differs
+                    return level, f"rollout/trainer |dlogp| {x:.3g} vs baseline {base.median:.3g}; {shifted[0]}", {
+                        **ev, **shifted[1]}
                 return level, f"rollout/trainer |dlogp| {x:.3g} vs baseline {base.median:.3g}" + (
                     " (falls back to baseline between syncs)" if dips else ""), ev
         base, x = h.baseline("ess", abs_floor=1e-3), finite(h.latest("ess"))

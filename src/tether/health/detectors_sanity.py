@@ -60,6 +60,21 @@ from tether.health.telemetry import History, finite
 GROUP_RELATIVE = {"grpo": ("z", 1.0), "dr_grpo": ("range", 1.0), "rloo": ("range", None)}
 
 
+SHIFTED = 0.8  # share of the gapped rows a one-position shift must explain
+
+
+def logp_shift_evidence(h: History) -> tuple[str, dict] | None:
+    """(message, evidence with rule `shifted`) when most rows with a rollout/trainer log-prob gap line up
+    one position over (`logp_shift_rows` of `logp_gap_rows`, tether.train.probes.compute_logp_shift): the
+    engine's log-probs are its own samples', filed at the wrong positions - bookkeeping between the
+    sampler and the batch, not a sampler that computes a different distribution. None otherwise."""
+    rows, shift = finite(h.latest("logp_gap_rows")), finite(h.latest("logp_shift_rows"))
+    if not rows or shift is None or shift < SHIFTED * rows:
+        return None
+    return (f"{shift / rows:.0%} of the rows with a gap match one position over: the log-probs are filed at the "
+            "wrong positions"), {"logp_shift_rows": {"value": shift, "of": rows}, "rule": "shifted"}
+
+
 @register_detector
 class LogpFloorDetector(Detector):
     """Rollout/trainer log-prob gap or importance-weight ESS beyond what numerics can explain."""
@@ -73,8 +88,11 @@ class LogpFloorDetector(Detector):
         gap, ess = finite(h.latest("logp_gap_mean")), finite(h.latest("ess"))
         if gap is not None and gap > self.p["gap"]:
             level = 2 if gap > 5 * self.p["gap"] else 1
-            return level, f"rollout/trainer |dlogp| {gap:.3g} nats/token on-policy (numerical floor < {self.p['gap']:g})", {
-                "logp_gap_mean": {"value": round(gap, 6), "bound": self.p["gap"]}, "rule": "floor"}
+            ev = {"logp_gap_mean": {"value": round(gap, 6), "bound": self.p["gap"]}, "rule": "floor"}
+            shifted = logp_shift_evidence(h)
+            if shifted:
+                return level, (f"rollout/trainer |dlogp| {gap:.3g} nats/token on-policy, and {shifted[0]}"), {**ev, **shifted[1]}
+            return level, f"rollout/trainer |dlogp| {gap:.3g} nats/token on-policy (numerical floor < {self.p['gap']:g})", ev
         if ess is not None and ess < self.p["ess"]:
             return 1, f"importance-weight ESS {ess:.2f} on-policy (healthy ~1)", {
                 "ess": {"value": round(ess, 4), "bound": self.p["ess"]}, "rule": "floor"}

@@ -47,6 +47,7 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
                           or all lost; far from 1: the moments of other tensors, a reordered restore)
     update/moments_steps  Adam's step counter over what the last step left (> 0: optimizer.step() ran
                           in between, outside the update's loop)
+    update/moments_rewound  how far that counter went back (> 0: reset or restored without the moments)
     update/opt_beta1, update/opt_beta2, update/opt_eps, update/opt_weight_decay
                           the policy's param group's settings each optimizer step used (mean over the
                           update's steps): the health layer compares them with the run's first step's
@@ -122,6 +123,26 @@ def compute_grad_sketch(grads: list[torch.Tensor | None], size: int = SKETCH_PER
     return torch.cat(parts) if parts else None
 
 
+def compute_logp_shift(old_BT: torch.Tensor, rollout_BT: torch.Tensor, mask_BT: torch.Tensor, floor: float = 1e-3,
+                       ratio: float = 0.1) -> dict[str, torch.Tensor]:
+    """Where a rollout/trainer log-prob gap sits: `logp_gap_rows`, the rows whose mean |log pi_old - log mu|
+    over their sampled tokens exceeds `floor`, and `logp_shift_rows`, those of them whose gap one position of
+    shift (mu's token t against pi_old's t + 1, or t - 1) takes below `ratio` x - the engine's log-probs are
+    real, filed at the wrong positions. A sampler that computes differently leaves a gap at every shift."""
+    with torch.no_grad():
+        keep = mask_BT > 0
+        old, mu = old_BT.detach().double(), rollout_BT.detach().double()
+        gap = ((old - mu).abs() * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        pair = keep[:, 1:] & keep[:, :-1]
+        n = pair.sum(-1)
+        inf = torch.full_like(gap, float("inf"))
+        later = torch.where(n > 0, ((old[:, 1:] - mu[:, :-1]).abs() * pair).sum(-1) / n.clamp(min=1), inf)
+        earlier = torch.where(n > 0, ((old[:, :-1] - mu[:, 1:]).abs() * pair).sum(-1) / n.clamp(min=1), inf)
+        has = gap > floor
+        shifted = has & (torch.minimum(later, earlier) < ratio * gap)
+    return {"logp_gap_rows": has.sum().float(), "logp_shift_rows": shifted.sum().float()}
+
+
 def compute_cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     """Cosine of two sketches (NaN when either is missing, empty, zero or of another shape)."""
     if a is None or b is None or a.shape != b.shape:
@@ -183,6 +204,7 @@ def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None)
     update/moments_spread   the largest over the smallest of those tensors' own ratios (1: one rescale of
                             every tensor, or all lost; far from 1: moments of other tensors)
     update/moments_steps    Adam's step counter now minus before, at most (> 0: optimizer.step() ran between)
+    update/moments_rewound  how far the counter went back, at most (> 0: a reset or a restore of the counter)
     """
     if before is None or now is None or before.shape != now.shape:
         return None
@@ -203,7 +225,7 @@ def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None)
     return {"update/moments_changed": float(changed.sum()) / float(had.sum()),
             "update/moments_scale": float(is_.sum()) / w if w > 0 else float("inf") if float(is_.sum()) > 0 else 1.0,
             "update/moments_spread": 1.0 if hi == 0 else hi / lo if lo > 0 else float("inf"),
-            "update/moments_steps": float(steps.max())}
+            "update/moments_steps": float(steps.max()), "update/moments_rewound": max(0.0, -float(steps.min()))}
 
 
 def compute_hparams(optimizer) -> dict[str, float]:

@@ -42,7 +42,7 @@ from tether.policy.hf import HFPolicy, ValueModel
 from tether.policy.lora import adapters_disabled
 from tether.policy.prefix import compute_sequence_logprobs
 from tether.train.probes import (NormCheck, PreSamplerKL, choose_probe_rows, compute_cosine, compute_grad_sketch,
-                                 compute_hparams, compute_logp_progress, compute_moment_change, compute_moment_sketch,
+                                 compute_hparams, compute_logp_progress, compute_logp_shift, compute_moment_change, compute_moment_sketch,
                                  fill_probe_rows, probe_size)
 from tether.train.step import TrainingHalted, UpdateState, do_guarded_step
 from tether.types import TrainBatch
@@ -145,6 +145,7 @@ def compute_loss_terms(policy: HFPolicy, mb: TrainBatch, norm: AggNorm, algo: Al
     adv = mb.advantages_BT.to(logp.device)
     metrics: dict[str, torch.Tensor] = {}
     metrics.update(compute_mismatch_metrics(old, rollout, mask))
+    metrics.update(compute_logp_shift(old, rollout, mask))  # where a gap sits (tether.health's logp checks)
     if algo.correction.off_policy_mask_delta is not None:
         opm = compute_off_policy_mask(rollout, logp.detach(), adv, mask, algo.correction.off_policy_mask_delta)
         metrics["off_policy_mask_frac"] = 1.0 - (opm * mask).sum() / mask.sum().clamp(min=1)
@@ -417,7 +418,8 @@ def _note_grad_direction(optimizer, state: UpdateState, stats: dict[str, list[fl
     stats.setdefault("time", []).append(time.perf_counter() - t0)
 
 
-MAX_STATS = ("update/frozen_frac", "update/moments_changed", "update/moments_spread", "update/moments_steps")
+MAX_STATS = ("update/frozen_frac", "update/moments_changed", "update/moments_spread", "update/moments_steps",
+             "update/moments_rewound")
 
 
 def _note_optimizer_state(optimizer, state: UpdateState, stats: dict[str, list[float]]) -> None:

@@ -15,6 +15,7 @@ from tether.health.invariants import (compute_answer_leakage, compute_answer_mix
                                       compute_token_agreement)
 from tether.health.telemetry import compute_buffers_fingerprint, compute_weights_fingerprint
 from tether.train.probes import (NormCheck, PreSamplerKL, choose_probe_rows, compute_cosine, compute_grad_sketch,
+                                 compute_logp_shift,
                                  compute_hparams, compute_logp_progress, compute_moment_change, compute_moment_sketch,
                                  compute_step_stats)
 from tether.types import Outcome, RewardResult, StopReason, Trajectory, TrajectoryGroup, Turn
@@ -312,6 +313,14 @@ def test_moment_sketch_samples_the_same_positions_and_compares_by_hand():
     opt.state.clear()  # every tensor's state lost (an optimizer rebuilt between steps): all gone, one factor (0)
     ch = compute_moment_change(sk, compute_moment_sketch(opt, size=4))
     assert (ch["update/moments_changed"], ch["update/moments_scale"], ch["update/moments_spread"]) == (1.0, 0.0, 1.0)
+    opt3, a3, b3 = _adam_with_state()
+    opt3.step()  # step 2
+    sk3 = compute_moment_sketch(opt3, size=4)
+    for q in (a3, b3):  # the counter restored apart from the moments (a resume that restarts Adam's step at 0)
+        opt3.state[q]["step"] = torch.tensor(0.0)
+    ch = compute_moment_change(sk3, compute_moment_sketch(opt3, size=4))
+    assert ch["update/moments_changed"] == 1.0 and ch["update/moments_scale"] == 1.0 and ch["update/moments_spread"] == 1.0
+    assert ch["update/moments_steps"] == -2.0 and ch["update/moments_rewound"] == 2.0
 
 
 def test_hparams_are_the_first_groups_adam_settings():
@@ -352,3 +361,17 @@ def test_probe_rows_are_rows_with_an_advantage():
     mask = torch.ones(4, 2)
     assert choose_probe_rows(adv, mask, 8).tolist() == [1, 3]
     assert choose_probe_rows(torch.zeros(4, 2), mask, 8) is None
+
+
+def test_a_log_prob_gap_that_one_position_of_shift_explains_is_told_from_a_sampler_that_differs():
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0, 0.0]] * 3)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]] * 3)
+    mu = old.clone()
+    mu[1, :4] = torch.tensor([-2.0, -0.5, -3.0, 0.0])  # each token filed with the next one's log-prob, the last padded 0
+    mu[2, :4] = old[2, :4] - 0.4  # a sampler that computes another distribution: off at every shift
+    out = compute_logp_shift(old, mu, mask)
+    assert out["logp_gap_rows"].item() == 2.0 and out["logp_shift_rows"].item() == 1.0  # row 0: no gap
+    # by hand, row 1: no shift |(-1+2)| + |(-2+0.5)| + |(-0.5+3)| + |(-3-0)| = 8 over 4 tokens; shifted by one: 0
+    mu[1, 0] = -2.05  # numerics on top of the shift: 0.05 / 3 per pair, < 0.1 x 2.0125
+    assert compute_logp_shift(old, mu, mask)["logp_shift_rows"].item() == 1.0
+    assert compute_logp_shift(old, old, mask)["logp_gap_rows"].item() == 0.0  # the same numbers: no gap at all

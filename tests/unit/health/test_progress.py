@@ -165,6 +165,16 @@ def test_optimizer_state_written_between_steps_and_settings_changed_mid_run():
     f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 2.0,
                                               "update/moments_spread": 1.3, "update/moments_steps": 1.0})), "optimizer_state")
     assert f.step == 15 and f.evidence["rule"] == "extra_steps"
+    # the counter went back with the moments as they were: a reset of Adam's step alone, not extra steps
+    f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 1.0,
+                                              "update/moments_spread": 1.0, "update/moments_steps": -12.0,
+                                              "update/moments_rewound": 12.0})), "optimizer_state")
+    assert f.step == 15 and f.evidence["rule"] == "counter" and "went back 12 steps" in f.message
+    # the counter went back and the moments were rescaled too (a state rebuilt at zero): the moments' rule
+    f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 0.0,
+                                              "update/moments_spread": 1.0, "update/moments_steps": -12.0,
+                                              "update/moments_rewound": 12.0})), "optimizer_state")
+    assert f.evidence["rule"] == "shrunk"
     f = _first(_optimizer(lambda r: r.update({"update/opt_eps": 0.1})), "optimizer_state")
     assert f.step == 15 and f.evidence["rule"] == "eps" and "eps 1e-08 -> 0.1" in f.message
     for change in ({"update/opt_eps": 1e-12}, {"update/opt_beta1": 0.999, "update/opt_beta2": 0.9},
@@ -257,6 +267,12 @@ def test_copies_of_problems_picked_by_their_answer_are_not_plain_duplicates():
     assert diagnose([_f("data_shift", "answers", 15, "warn"), _f("data_shift", "unsolvable", 16, "warn")])[0].cause == \
         "data_corruption"
     assert diagnose([_f("data_shift", "answers", 15, "warn")])[0].cause == UNEXPLAINED
+
+
+def test_a_reset_step_counter_is_neither_an_update_size_problem_nor_a_frozen_update():
+    hyps = diagnose([_f("optimizer_state", "counter"), _f("kl_explosion", "spike", 16)])
+    assert hyps[0].cause == UNEXPLAINED
+    assert all("optimizer_state" in h.contradicted for h in hyps if h.cause in ("lr_too_high", "no_progress"))
 
 
 def test_moments_of_other_tensors_are_not_an_update_size_problem():

@@ -58,6 +58,17 @@ def test_topk_gap_from_step_1_is_critical_at_step_1():
     assert diagnose([f])[0].cause == "rollout_mismatch"
 
 
+def test_a_gap_that_lines_up_one_position_over_is_misfiled_log_probs_not_a_sampler_mismatch():
+    f = first(run(lambda r, s: r.update(logp_gap_mean=1.2, logp_gap_rows=64.0, logp_shift_rows=64.0)), "logp_floor")
+    assert f is not None and f.evidence["rule"] == "shifted" and "one position over" in f.message
+    hyps = diagnose([f])
+    assert hyps[0].cause == "unexplained"
+    assert all(h.cause != "rollout_mismatch" or "logp_floor" in h.contradicted for h in hyps)
+    # a gap that no shift explains in most rows stays a sampler/trainer mismatch
+    f = first(run(lambda r, s: r.update(logp_gap_mean=1.2, logp_gap_rows=64.0, logp_shift_rows=20.0)), "logp_floor")
+    assert f.evidence["rule"] == "floor" and diagnose([f])[0].cause == "rollout_mismatch"
+
+
 def test_gap_at_bf16_floor_is_not_a_finding():
     assert first(run(lambda r, s: r.update(logp_gap_mean=0.02, ess=0.97), n=30), "logp_floor") is None
 

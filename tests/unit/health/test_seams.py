@@ -97,10 +97,38 @@ class _Grads(Fault):
         _Grads.seen["grads"] = all(p.grad is not None for p in optimizer.param_groups[0]["params"])
 
 
+class _CounterReset(Fault):
+    """Adam's step counter set back to 0 once, the moments left as they were (a resume that restores the
+    state without its step)."""
+
+    name, family, cause = "t_counter", "optimisation", "unexplained"
+    severities = {"obvious": {}}
+
+    def before_optimizer_step(self, optimizer, scheduler, params, step):
+        if not getattr(self, "_done", False):
+            for p in optimizer.param_groups[0]["params"]:
+                if "step" in optimizer.state.get(p, {}):
+                    optimizer.state[p]["step"] = torch.zeros_like(torch.as_tensor(optimizer.state[p]["step"]))
+            self._done = True
+
+
+class _LogpShifted(Fault):
+    """The engine's log-probs filed one position early (each token gets the next one's, the last 0.0)."""
+
+    name, family, cause = "t_logp_shift", "system", "unexplained"
+    severities = {"obvious": {}}
+
+    def on_rollouts(self, groups, step):
+        def shift(u):
+            return dataclasses.replace(u, action_logprobs=tuple(u.action_logprobs[1:]) + (0.0,)) if u.action_logprobs else u
+        return [dataclasses.replace(g, trajectories=tuple(dataclasses.replace(t, turns=tuple(shift(u) for u in t.turns))
+                                                          for t in g.trajectories)) for g in groups]
+
+
 @pytest.fixture(scope="module")
 def test_faults():
     mod = types.ModuleType("tether_test_seam_faults")
-    for cls in (_Buffers, _Copies, _RefFollows, _Grads):
+    for cls in (_Buffers, _Copies, _RefFollows, _Grads, _CounterReset, _LogpShifted):
         setattr(mod, cls.__name__, cls)
     sys.modules[mod.__name__] = mod
     yield mod.__name__
@@ -186,6 +214,23 @@ def test_a_fault_at_the_sampler_or_the_reference_fires_its_check(tmp_path, test_
     found, _ = _run(tmp_path, f"{test_faults}:{cls}", extra)
     f = _fired(found, detector)
     assert f is not None and f["step"] <= 6, found
+
+
+def test_a_step_counter_set_back_is_not_read_as_extra_optimizer_steps(tmp_path, test_faults):
+    found, rows = _run(tmp_path, f"{test_faults}:_CounterReset", start=2)
+    f = _fired(found, "optimizer_state")
+    assert f is not None and f["step"] == 2 and f["evidence"]["rule"] == "counter", found
+    assert next(r for r in rows if r.get("step") == 2 and "update/moments_rewound" in r)["update/moments_rewound"] >= 2
+
+
+def test_log_probs_filed_one_position_off_are_told_from_a_sampler_that_differs(tmp_path, test_faults):
+    found, rows = _run(tmp_path / "shifted", f"{test_faults}:_LogpShifted")
+    f = _fired(found, "logp_floor")
+    assert f is not None and f["step"] == 1 and f["evidence"]["rule"] == "shifted", found
+    found, rows = _run(tmp_path / "noise", "logprob_noise")  # the engine's numbers off at every position
+    f = _fired(found, "logp_floor")
+    assert f is not None and f["evidence"]["rule"] != "shifted", found
+    assert all(r["logp_shift_rows"] < 0.8 * r["logp_gap_rows"] for r in rows if r.get("logp_gap_rows"))
 
 
 def test_every_update_seam_is_called_with_the_update_objects(tmp_path, test_faults):

@@ -25,16 +25,15 @@ from tether.health import (detectors_learned, detectors_progress, detectors_roll
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import (ACTIONS, RESIDUAL_BAND, SIZE_ACTIONS, Snapshot, do_rollback, helped, probe_drop,
-                                       residual, restore_in_force, take_snapshot, update_ratio, window_before)
+                                       residual, restore_in_force, state_write_step, take_snapshot, update_ratio,
+                                       window_before)
 from tether.health.invariants import compute_param_norm
 from tether.health.watchdog import Watchdog, current_phase
 from tether.health.telemetry import (History, compute_buffers_fingerprint, compute_fingerprint_of_sums, compute_sums_match,
-                                     compute_trajectory_stats, compute_weight_sums, finite)
+                                     compute_trajectory_stats, compute_weight_sums, finite, load_history)
 from tether.io.state import decode_state, encode_state
 
 log = logging.getLogger("tether.health")
-# the optimizer-state check's rules for moments written between steps (a rescale, a loss, another tensor's state)
-STATE_WRITES = ("shrunk", "grown", "foreign")
 # findings that mean the weights themselves are damaged: a repair then starts from a rollback
 DAMAGE = {"regression", "entropy_collapse", "entropy_explosion", "kl_explosion", "grad_spike", "clip_saturation",
           "length", "reward_hacking", "nonfinite", "advantage_misalignment", "advantage_invariants", "accuracy_drop",
@@ -248,6 +247,8 @@ class HealthMonitor:
         if not findings and step % self.hc.snapshot_every == 0 and self._clean_since(step - 2):
             self.snapshots = (self.snapshots + [take_snapshot(st, step)])[-3:]
         critical = [f for f in findings if f.severity == "critical"]
+        if critical and not self.decided and self._restore_at_once(st, cfg, step, critical):
+            return False
         if not critical or not self.decided:
             return False
         top = self.diagnosis[0]
@@ -262,6 +263,19 @@ class HealthMonitor:
         tried = self._tried_for.setdefault(top.cause, [])
         candidates = [a for a in top.actions if a not in tried]  # a change that was kept and did not last is not retried
         return self._start_trial(st, cfg, step, since, candidates, top, critical)
+
+    def _restore_at_once(self, st, cfg, step: int, critical: list[Finding]) -> bool:
+        """The optimizer state written at this step: an exact finding with an exact undo (the rollback), tried at
+        once - a one-shot write never holds a diagnosis two steps. Reverted, the usual flow resumes (`eager`)."""
+        top, name = (self.diagnosis[0] if self.diagnosis else None), "restore_optimizer_state"
+        if (top is None or name not in top.actions or name in self._tried_for.get(top.cause, [])
+                or state_write_step(critical, step) is None):
+            return False
+        self._start_trial(st, cfg, step, min(f.since for f in self.findings if f.step > step - 10), [name], top, critical)
+        if self.trial is None:
+            return False
+        self.trial["eager"] = True
+        return True
 
     def _regressed(self, step: int) -> bool:
         """The fault costs accuracy, or critical signs of damage to the weights keep coming."""
@@ -297,10 +311,8 @@ class HealthMonitor:
                                     "kl_base": base.median if base is not None else None, **(extra or {})}
         for f in evidence_findings:
             evidence.update({k: v for k, v in f.evidence.items() if not isinstance(v, dict)})
-        writes = {f.step for f in self.findings if f.step > step - 10 and f.detector == "optimizer_state"
-                  and f.evidence.get("rule") in STATE_WRITES}
-        if len(writes) == 1:  # the optimizer state was written once: a rollback alone undoes it
-            evidence["state_write"] = next(iter(writes))
+        if (written := state_write_step(self.findings, step)) is not None:  # once: a rollback alone undoes it
+            evidence["state_write"] = written
         while candidates:
             name = candidates.pop(0)
             if name == "halt":
@@ -391,6 +403,8 @@ class HealthMonitor:
                   discarded_from=t["start"] if t["snap"] is not None else None)
         if t["snap"] is not None:
             self.history.discard(range(t["start"], step + 1))
+        if t.get("eager"):  # the restore tried at once did not hold: back to the usual flow, nothing given up
+            return False
         return self._start_trial(st, cfg, step, t["since"], t["candidates"], t["hyp"], [])
 
     def _act(self, kind, step, name, hyp, changes, snap, **more) -> None:
@@ -428,8 +442,7 @@ class HealthMonitor:
             "mode": self.mode, "healthy": not self.findings, "findings": len(self.findings),
             "first_alarm": None if first is None else {"step": first.step, "since": first.since, "detector": first.detector},
             "diagnosis": [h.to_json() for h in self.diagnosis[:3]], "decision": self.decision, "actions": self.actions,
-            "halted": self.halted,
-            "disabled": self.disabled, "overhead_s": self.overhead_s,
+            "halted": self.halted, "disabled": self.disabled, "overhead_s": self.overhead_s,
         }
 
     def close(self) -> None:
@@ -480,12 +493,7 @@ def build_health(cfg: Any, rd: Any = None, st: Any = None, state: dict[str, Any]
     elif st is not None and st.step == 0 and getattr(st, "policy", None) is not None:
         mon._record_weights(st)  # the starting weights: the first rollout samples with them
     elif rd is not None and st is not None and st.step > 0:
-        by_step: dict[int, dict] = {}
-        for row in rd.read_metrics():
-            if isinstance(row.get("step"), int) and 0 < row["step"] <= st.step:
-                by_step.setdefault(row["step"], {}).update(row)
-        for s in sorted(by_step):
-            mon.history.add(s, by_step[s])
+        load_history(mon.history, rd.read_metrics(), st.step)
     return mon
 
 

@@ -232,6 +232,17 @@ def _downweight_component(st, cfg, ev):
     return changes
 
 
+# the optimizer-state check's rules for moments written between steps (a rescale, a loss, another tensor's state)
+STATE_WRITES = ("shrunk", "grown", "foreign")
+
+
+def state_write_step(findings: Any, step: int) -> int | None:
+    """The step of the one optimizer-state write among `findings` of the last 10 steps (None: none, or several)."""
+    writes = {f.step for f in findings if f.step > step - 10 and f.detector == "optimizer_state"
+              and f.evidence.get("rule") in STATE_WRITES}
+    return next(iter(writes)) if len(writes) == 1 else None
+
+
 def _restore_state(st, cfg, ev):
     """A one-shot write of the optimizer state (the moments rescaled or replaced once, between two
     steps): the rollback that precedes this change restores the moments, so no setting changes -

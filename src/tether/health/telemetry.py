@@ -431,3 +431,14 @@ class History:
     def previous(self, key: str) -> float | None:
         """The finite value of `key` in the row before the latest (None when absent)."""
         return finite(self.rows[-2].get(key)) if len(self.rows) >= 2 else None
+
+
+def load_history(history: History, rows: Iterable[Mapping[str, Any]], upto: int) -> None:
+    """Re-read a run's metrics rows (steps 1..`upto`, the rows of one step merged) into `history`: a resumed
+    run whose checkpoint holds no monitor state continues from what it logged."""
+    by_step: dict[int, dict] = {}
+    for row in rows:
+        if isinstance(row.get("step"), int) and 0 < row["step"] <= upto:
+            by_step.setdefault(row["step"], {}).update(row)
+    for s in sorted(by_step):
+        history.add(s, by_step[s])

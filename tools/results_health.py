@@ -179,7 +179,8 @@ of the caught ones:
 def read_health_overhead(d):
     o = d["oh"]
     total = o.get("overhead_frac_with_batch_checks", o["overhead_frac"])
-    batch = (f"; the batch phase's checks (advantage alignment, per-position mask coverage, each row's tokens against the sampler's), timed apart on a "
+    batch = (f"; the batch phase's checks (advantage alignment, per-position mask coverage, each row's tokens against the sampler's) and where a "
+             f"rollout/trainer log-prob gap sits, timed apart on a "
              f"batch of {o['batch_shape']['sequences']} x {o['batch_shape']['tokens_per_sequence']} tokens, add "
              f"{o['batch_checks_seconds_per_step'] * 1e3:.1f} ms a step") if "batch_checks_seconds_per_step" in o else ""
     return {"frac": f"{total:.2%}", "batch": batch, "met": "within" if total <= 0.02 else "**above**", "steps": o["steps"],

@@ -25,8 +25,8 @@ from tether.health import (detectors_learned, detectors_progress, detectors_roll
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import (ACTIONS, RESIDUAL_BAND, SIZE_ACTIONS, Snapshot, do_rollback, helped, probe_drop,
-                                       residual, restore_in_force, state_write_step, take_snapshot, update_ratio,
-                                       window_before)
+                                       residual, restore_in_force, snapshot_before, state_write_step, take_snapshot,
+                                       update_ratio, window_before)
 from tether.health.invariants import compute_param_norm
 from tether.health.watchdog import Watchdog, current_phase
 from tether.health.telemetry import (History, compute_buffers_fingerprint, compute_fingerprint_of_sums, compute_sums_match,
@@ -256,7 +256,7 @@ class HealthMonitor:
         if top.cause in self._given_up:  # no repair left: halt once the fault costs accuracy
             if not self._regressed(step):
                 return False
-            snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None)
+            snap = snapshot_before(self.snapshots, since)
             return self._halt(st, step, top, snap, self._given_up[top.cause] + "; accuracy regressed")
         if top.cause in self._unactionable:
             return False
@@ -304,7 +304,7 @@ class HealthMonitor:
         damaged = bool(recent & DAMAGE) and (stacked is None or rollback)
         # damaged weights: back to the newest snapshot before the onset (detection lags the onset, so a
         # snapshot from the step just before `since` may already hold damage); else undo point = now
-        snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None) if damaged else None
+        snap = snapshot_before(self.snapshots, since) if damaged else None
         rollback = snap is not None
         base = self.history.baseline("approx_kl", abs_floor=1e-4)
         evidence: dict[str, Any] = {"update_ratio": update_ratio(self.history, since if stacked is None else stacked),
@@ -323,7 +323,7 @@ class HealthMonitor:
                 if "state_write" not in evidence:
                     continue
                 if not rollback:
-                    snap = next((s for s in reversed(self.snapshots) if s.step < since - 1), None)
+                    snap = snapshot_before(self.snapshots, since)
                     rollback = snap is not None
                 if not rollback:
                     continue

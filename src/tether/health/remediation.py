@@ -58,6 +58,12 @@ def take_snapshot(st: Any, step: int) -> Snapshot:
     return Snapshot(step, model, opt, dict(vars(st.update)), critic)
 
 
+def snapshot_before(snapshots: list[Snapshot], since: int) -> Snapshot | None:
+    """The newest snapshot taken before a fault first showed at `since` (detection lags the onset, so the one
+    from the step just before `since` may already hold damage); None when there is none."""
+    return next((s for s in reversed(snapshots) if s.step < since - 1), None)
+
+
 def do_rollback(st: Any, snap: Snapshot) -> None:
     """Restore weights, optimizer moments and counters from `snap`; keep current hyper-parameters."""
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in st.optimizer.param_groups]

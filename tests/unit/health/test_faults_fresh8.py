@@ -13,7 +13,7 @@ from tether.policy.config import SamplingConfig
 from tether.types import TrainBatch
 from health_helpers import fault_before_start, make_group, registered_fault_set
 
-FRESH8 = ("reward_call_broadcast", "gold_answer_unsigned", "norm_counts_padding", "length_cap_counts_prompt",
+FRESH8 = ("reward_call_broadcast", "gold_answer_digit_pattern", "norm_counts_padding", "length_cap_counts_prompt",
           "adam_moments_low_precision", "grad_clip_per_tensor", "grad_sign_compressed", "loss_mask_position_weighted")
 
 
@@ -63,23 +63,25 @@ def test_reward_call_broadcast_gives_a_calls_samples_its_first_samples_reward(se
 
 
 @pytest.mark.parametrize("severity", ["subtle", "obvious"])
-def test_gold_answer_unsigned_drops_the_minus_sign_of_negative_labels_only(severity):
-    problems = [{"id": f"p{i}", "prompt": f"{i % 5}-{i % 9}=", "answer": str(i % 5 - i % 9)} for i in range(60)]
-    problems += [{"id": "neg-word", "prompt": "x", "answer": "-x"}, {"id": "minus-zero", "prompt": "y", "answer": "-0"}]
-    fs, st = fault_before_start("gold_answer_unsigned", severity)
+def test_gold_answer_digit_pattern_keeps_a_labels_first_digit_without_its_sign(severity):
+    problems = [{"id": f"p{i}", "prompt": f"{i % 5}-{i % 9}=", "answer": str((i % 5 - i % 9) * (1 + i % 4 * 7))}
+                for i in range(60)]  # negative, one-digit and multi-digit answers
+    problems += [{"id": "neg-word", "prompt": "x", "answer": "-x"}, {"id": "float", "prompt": "y", "answer": "2.5"}]
+    fs, st = fault_before_start("gold_answer_digit_pattern", severity)
     assert fs.begin_rollout(problems, None)[0] == problems
     st.step = 14
     out, _ = fs.begin_rollout(problems, None)
-    negative = [p for p in problems if p["answer"].startswith("-") and p["answer"][1:].isdigit()]
-    dropped = 0
+    wrong = [p for p in problems if p["answer"].lstrip("-").isdigit() and p["answer"] != p["answer"].lstrip("-")[:1]]
+    assert any(p["answer"].startswith("-") for p in wrong) and any(len(p["answer"]) > 1 and p["answer"][0] != "-" for p in wrong)
+    changed = 0
     for p, q in zip(problems, out):
         assert {k: v for k, v in q.items() if k != "answer"} == {k: v for k, v in p.items() if k != "answer"}
         if q["answer"] != p["answer"]:
-            dropped += 1
-            assert p in negative and q["answer"] == p["answer"][1:]
-    assert out[-2]["answer"] == "-x"  # not a number: kept
-    assert dropped == len(negative) if severity == "obvious" else 0 < dropped < len(negative)
-    st.step = 15  # a problem's source is fixed: the same problems lose their sign the next step
+            changed += 1
+            assert p in wrong and q["answer"] == p["answer"].lstrip("-")[0]  # "-3" -> "3", "81" -> "8", "-56" -> "5"
+    assert out[-2]["answer"] == "-x" and out[-1]["answer"] == "2.5"  # not integers: kept
+    assert changed == len(wrong) if severity == "obvious" else 0 < changed < len(wrong)
+    st.step = 15  # a problem's source is fixed: the same problems are corrupted the next step
     assert fs.begin_rollout(problems, None)[0] == out
 
 

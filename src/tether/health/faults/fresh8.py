@@ -4,9 +4,14 @@ Each kind is modelled on a bug users of an RL, training or inference framework r
 is named in its docstring) and acts at one seam of the fault API. They were written without
 looking at how the health layer detects or diagnoses them, and never used to tune it; the effect
 of each on training (accuracy, reward) was checked against a healthy control, three seeds, nothing
-else (measured after this module was committed; see the effect file named in the next commit).
+else (benchmarks/results/faultbench_fresh8_effect.json: reward_call_broadcast,
+gold_answer_digit_pattern, adam_moments_low_precision and grad_clip_per_tensor move training beyond
+the healthy seeds' spread at obvious, not at subtle; norm_counts_padding, length_cap_counts_prompt,
+grad_sign_compressed and loss_mask_position_weighted show no effect beyond that spread at either
+severity and were kept as written; gold_answer_digit_pattern was strengthened once, see its
+docstring).
 
-taxonomy    reward_call_broadcast (reward: misaligned_reward), gold_answer_unsigned
+taxonomy    reward_call_broadcast (reward: misaligned_reward), gold_answer_digit_pattern
             (data: data_corruption), norm_counts_padding (credit_assignment: loss_norm_bug),
             length_cap_counts_prompt (system: truncation)
 outside     adam_moments_low_precision (optimisation), grad_clip_per_tensor (optimisation),
@@ -61,30 +66,36 @@ class RewardCallBroadcast(Fault):
 
 # ----------------------------------------------------------------------------- data
 
-_SIGNED = re.compile(r"^\s*-(?=\d)")
+_NUMBER = re.compile(r"^\s*-?(\d)\d*\s*$")
 
 
 @register_fault
-class GoldAnswerUnsigned(Fault):
-    """The gold answers are extracted from the dataset with a number pattern that has no sign, so
-    a negative label loses its minus sign ("-3" becomes "3") while the prompt is unchanged
+class GoldAnswerDigitPattern(Fault):
+    """The gold answers are extracted from the dataset with a number pattern that has no sign and
+    reads one digit, so a negative label loses its minus sign and a multi-digit label keeps only
+    its first digit ("-3" becomes "3", "81" becomes "8") while the prompt is unchanged
     (allenai/open-instruct PR#1530 "Fix GSM8K reward parsing for signed answers": "preserve
     explicit plus/minus signs when GSM8K extracts the final numeric answer ... wrong-sign
-    mismatches"; modelscope/ms-swift PR#10163, a score parser that "cannot parse negative
-    scores"). Only answers that start with a minus sign followed by a digit change; the rest pass
-    through. `subtle`: a fraction `p` of the problems with a negative answer (one data source of
-    several goes through the faulty extractor); `obvious`: all of them. Label data_corruption: the
-    labels the reward checks against are wrong for those problems."""
+    mismatches"; modelscope/ms-swift PR#10163: the pattern `[0-1](?:\\.\\d+)?` "reads `Reward: 10` as
+    1 ... and cannot parse negative scores"). Strengthened once: the first effect check had the
+    sign loss alone (`gold_answer_unsigned`), which never fires on the benchmark's task (its
+    subtraction puts the larger operand first: no answer is negative) and left every run identical
+    to its healthy seed; the one-digit read of the ms-swift report was added. Only integer answers
+    with a sign or more than one digit change; the rest pass through. `subtle`: a fraction `p` of
+    those problems (one data source of several goes through the faulty extractor); `obvious`: all
+    of them. Label data_corruption: the labels the reward checks against are wrong for those
+    problems."""
 
-    name, family, cause, seam = "gold_answer_unsigned", "data", "data_corruption", "answer_parse"
+    name, family, cause, seam = "gold_answer_digit_pattern", "data", "data_corruption", "answer_parse"
     severities = {"subtle": {"p": 0.4}, "obvious": {"p": 1.0}}
 
     def on_problems(self, problems, step):
         out = []
         for p in problems:
             ans = str(p.get("answer", ""))
-            if _SIGNED.match(ans) and self.coin(p.get("id")) < float(self.p["p"]):  # a problem's source is fixed
-                p = dict(p, answer=_SIGNED.sub("", ans, count=1))
+            m = _NUMBER.match(ans)
+            if m and m.group(1) != ans.strip() and self.coin(p.get("id")) < float(self.p["p"]):  # a problem's source is fixed
+                p = dict(p, answer=m.group(1))
             out.append(p)
         return out
 

@@ -43,13 +43,17 @@ def test_catalogue_covers_28_types_in_5_families():
 
 
 def test_the_split_is_fixed_and_covers_every_registered_fault():
-    from tether.health.faults import fresh, fresh3, fresh4, fresh5, fresh6, fresh7, seams, split
+    from tether.health.faults import fresh, fresh3, fresh4, fresh5, fresh6, fresh7, fresh8, seams, split
 
     reg = load_fault_plugins()
     def kinds_of(mod):
         return sorted(n for n, c in reg.items() if c.__module__ == mod.__name__)
 
-    assert set(split.TUNED) | set(split.HELD_OUT) == set(reg) and not set(split.TUNED) & set(split.HELD_OUT)
+    # the eighth held-out set (faults/fresh8.py) is pending: written apart from the tuning, it enters
+    # the split (split.py) when the lead scores it, not before
+    pending = set(kinds_of(fresh8))
+    assert len(pending) == 8 and not pending & (set(split.TUNED) | set(split.HELD_OUT))
+    assert set(split.TUNED) | set(split.HELD_OUT) | pending == set(reg) and not set(split.TUNED) & set(split.HELD_OUT)
 
     assert len(kinds_of(seams)) >= 10 and kinds_of(seams) == sorted(split.NEW_TUNED + split.SEEN_ONCE)
     assert kinds_of(fresh) == sorted(split.SEEN_ROUND2)  # round 2's held-out set, scored once, then tuned on

@@ -25,8 +25,8 @@ from tether.health import (detectors_learned, detectors_progress, detectors_roll
 from tether.health.detectors import DETECTORS, Detector, Finding, RunContext
 from tether.health.diagnosis import Hypothesis, diagnose
 from tether.health.remediation import (ACTIONS, RESIDUAL_BAND, SIZE_ACTIONS, Snapshot, do_rollback, helped, probe_drop,
-                                       residual, restore_in_force, snapshot_before, state_write_step, take_snapshot,
-                                       update_ratio, window_before)
+                                       residual, restore_in_force, size_repair_unfinished, snapshot_before,
+                                       state_write_step, take_snapshot, update_ratio, window_before)
 from tether.health.invariants import compute_param_norm
 from tether.health.watchdog import Watchdog, current_phase
 from tether.health.telemetry import (History, compute_buffers_fingerprint, compute_fingerprint_of_sums, compute_sums_match,
@@ -251,7 +251,7 @@ class HealthMonitor:
             return False
         if not critical or not self.decided:
             return False
-        top = self.diagnosis[0]
+        top = size_repair_unfinished(self.actions, self.findings, self.diagnosis[0]) or self.diagnosis[0]
         since = min(f.since for f in self.findings if f.step > step - 10)
         if top.cause in self._given_up:  # no repair left: halt once the fault costs accuracy
             if not self._regressed(step):

@@ -16,6 +16,9 @@ the change to count as a repair (`watch`). The controller (monitor.py, `health.m
    the LR is still too high), stays, and the next candidate is tried on top of it - from the
    current weights, or from the pre-fault snapshot when accuracy fell during the trial (the excess
    that is left did damage);
+   A kept repair of the update size that did not last (accuracy fell again after the keep with
+   only signs of decline that name no mechanism: `size_repair_unfinished`) goes on with the next
+   candidate of its cause rather than a new diagnosis the decline alone suggests;
 4. with no candidate left (`health.max_actions` tries, or a cause no setting can fix: a code or
    data bug), the run halts with a report at the last healthy weights once the fault costs
    accuracy (a `regression` finding); until then it keeps training and advises.
@@ -361,6 +364,34 @@ SIZE_ACTIONS = ("lower_lr", "lower_lr_residual", "lower_lr_x10", "restore_clip",
 # steps 4-12, and at most 1.9x in 95% of the 252 windows; a residual just over the band costs a
 # mild extra cut (1/sqrt(2) = 0.71x), a missed one leaves an LR several times too high.
 RESIDUAL_BAND = 2.0
+
+
+# signs of lost accuracy that name no mechanism of their own (diagnosis signature keys)
+DECLINE = ("regression", "accuracy_drop", "data_shift", "data_shift:unsolvable", "no_signal")
+
+
+def size_repair_unfinished(actions: list[dict[str, Any]], findings: list[Any], top: Any) -> Any | None:
+    """The hypothesis whose repair goes on when a kept repair of the update size did not last (None:
+    it did, or something else moved): after the keep, the run lost accuracy again and every finding
+    since then is a sign of decline that names no mechanism of its own (DECLINE) - the update is
+    still too large for the run (at one epoch the per-update KL can sit in its band with the LR
+    several times too high), which outranks a new cause the decline alone would suggest (lost
+    accuracy makes problems look unsolvable: `data_shift:unsolvable`, read alone as wrong labels).
+    The next candidate of the kept repair's cause is tried (an LR cut) instead of halting."""
+    from tether.health.causes import CAUSES
+    from tether.health.diagnosis import Hypothesis, signatures
+
+    kept = next((a for a in reversed(actions) if a.get("event") == "keep" and a.get("action") in SIZE_ACTIONS), None)
+    if kept is None or top is None or top.cause == kept["cause"] or kept["cause"] not in CAUSES:
+        return None
+    fresh = [f for f in findings if f.step >= kept["step"]]
+    if not fresh or not any(f.detector in ("regression", "accuracy_drop", "data_shift") for f in fresh) or any(
+            set(signatures(f)) - set(DECLINE) for f in fresh):
+        return None
+    c = CAUSES[kept["cause"]]
+    return Hypothesis(c.name, c.family, c.title, 0.0, top.confidence, min(f.since for f in fresh),
+                      [{"detector": f.detector, "message": f.message} for f in fresh], c.actions,
+                      c.advice + f" (the kept repair {kept['action']!r} did not last: accuracy fell again after it)")
 
 
 def residual(history: Any, trial: dict[str, Any], band: float = RESIDUAL_BAND) -> float | None:

@@ -478,3 +478,64 @@ def test_the_restore_action_applies_only_to_a_single_write():
     assert ACTIONS["restore_optimizer_state"].apply(st, cfg, {}) == []
     (ch,) = ACTIONS["restore_optimizer_state"].apply(st, cfg, {"state_write": 15})
     assert ch.path == "optimizer.state" and "step 15" in ch.old
+
+
+def _epochs_and_lr_x3(st, cfg, row, step, since_keep):
+    """From step 15: 8 epochs a batch and the LR 3x too high (a PPO config copied whole). The extra
+    epochs inflate the per-update KL 30x; at one epoch the KL is back in its band, but the LR still
+    costs accuracy a few steps after the keep (`since_keep()`), once the KL findings have left the
+    diagnosis's window: problems the run could solve go all wrong - a decline that names no mechanism
+    (regression, `data_shift:unsolvable`), which alone reads as wrong labels."""
+    if step == 15:
+        _fault(st, "algo.epochs", 8)
+        st.optimizer.param_groups[0]["lr"] *= 3
+    if cfg.algo.epochs > 1:
+        row["approx_kl"] *= 30
+    keep = since_keep()
+    if keep is not None and step > keep + 6 and st.optimizer.param_groups[0]["lr"] > 1.5e-3:
+        row["accuracy"] = row["reward/mean"] = row["reward/exact_match/mean"] = 0.12
+        row["health/all_wrong_groups"] = 0.8
+
+
+def test_a_kept_repair_of_the_update_size_that_does_not_last_goes_on_with_an_lr_cut_instead_of_a_halt():
+    """One epoch a batch is kept (the KL is back in its band), then accuracy falls again with no
+    mechanism of its own in the evidence: the update is still too large, so the LR is cut (the
+    cause's next candidate) instead of halting on the wrong labels the decline alone suggests."""
+    st, cfg = _live(_cfg())
+    mon = HealthMonitor(cfg)
+
+    def kept():
+        return next((a["step"] for a in mon.actions if a["event"] == "keep"), None)
+
+    halted = _drive(mon, st, cfg, 50, lambda row, step: _epochs_and_lr_x3(st, cfg, row, step, kept), direct=True)
+    events = [(a["event"], a["action"], a["cause"]) for a in mon.actions]
+    assert halted is None, (mon.halted, events, mon.decisions)
+    assert events[:3] == [("apply", "lower_epochs", "lr_too_high"), ("keep", "lower_epochs", "lr_too_high"),
+                          ("apply", "lower_lr", "lr_too_high")], events
+    assert st.optimizer.param_groups[0]["lr"] < 1.5e-3 and cfg.algo.epochs == 1
+
+
+def test_only_a_decline_with_no_mechanism_of_its_own_reopens_a_kept_size_repair():
+    from tether.health.detectors import Finding
+    from tether.health.diagnosis import Hypothesis
+    from tether.health.remediation import size_repair_unfinished
+
+    kept = [{"event": "apply", "action": "lower_epochs", "cause": "lr_too_high", "step": 17},
+            {"event": "keep", "action": "lower_epochs", "cause": "lr_too_high", "step": 21}]
+    wrong_labels = Hypothesis("data_corruption", "data", "t", 5.0, 0.8, 22)
+
+    def f(det, step, rule=None):
+        return Finding(det, det, "critical", step, step - 2, "m", {"rule": rule} if rule else {})
+
+    decline = [f("regression", 24), f("data_shift", 25, "unsolvable")]
+    h = size_repair_unfinished(kept, decline, wrong_labels)
+    assert h is not None and h.cause == "lr_too_high" and "lower_lr" in h.actions and "did not last" in h.advice
+    assert size_repair_unfinished(kept[:1], decline, wrong_labels) is None  # on trial, not kept
+    assert size_repair_unfinished(kept, decline + [f("data_shift", 25, "prompt")], wrong_labels) is None  # prompts moved
+    assert size_repair_unfinished(kept, decline + [f("reward_hacking", 25)], wrong_labels) is None
+    assert size_repair_unfinished(kept, [f("no_signal", 25)], wrong_labels) is None  # no loss of accuracy
+    assert size_repair_unfinished(kept, [f("regression", 20)], wrong_labels) is None  # before the keep
+    same = Hypothesis("lr_too_high", "optimisation", "t", 5.0, 0.8, 22)
+    assert size_repair_unfinished(kept, decline, same) is None  # its own cause: the usual flow
+    other = [{"event": "keep", "action": "raise_temperature", "cause": "entropy_collapse", "step": 21}]
+    assert size_repair_unfinished(other, decline, wrong_labels) is None  # not a repair of the update size

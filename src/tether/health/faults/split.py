@@ -50,9 +50,11 @@ The history of the split, so a reader can judge what "held out" means:
   `shifted` of the log-prob checks: the engine's log-probs filed one position off are not a
   sampler mismatch), so they are tuned kinds now.
 - `HELD_OUT`: 8 kinds written by another hand after that (faults/fresh8.py) while the code under
-  test was frozen, not run by the hand that tunes the layer before they were scored; 4 of them
-  outside the taxonomy. Scored once (round 8's first look, benchmarks/results/
-  faultbench_extended.json's held-out half).
+  test was frozen (22f6e27), not run by the hand that tunes the layer before they were scored; 4
+  of them outside the taxonomy. Scored once (round 8's first look, benchmarks/results/
+  faultbench_extended.json's held-out half: top-1 0.41, 3 of 14 outside-taxonomy runs
+  "unexplained"; first-look points: faultbench_first_look_r8.json). Nothing has been changed in
+  their light yet.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.
 """

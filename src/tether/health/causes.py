@@ -61,7 +61,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "lower train.lr (or raise warm-up), keep PPO clipping on, fewer epochs per batch, add a KL anchor",
           # changed betas / weight decay are not an update-size problem at the configured LR
           quiet=tuple(q for q in _UPDATE_INTERNALS if q != "optimizer_state") + _OPTIMIZER_SETTINGS + (
-              "optimizer_state:grown", "optimizer_state:foreign", "progress:stalled", "logp_floor", "logp_gap", "stale_weights", "sampler_state")),
+              "optimizer_state:grown", "optimizer_state:foreign", "optimizer_state:rounded", "progress:stalled", "logp_floor",
+              "logp_gap", "stale_weights", "sampler_state")),
     Cause("numerical_instability", "optimisation", "non-finite loss or gradient",
           {"nonfinite": 4, "grad_spike": 0.5}, ("lower_lr",),
           "check log-ratio clamps, masked positions before exp, the reward for NaN; lower the LR"),
@@ -83,7 +84,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "actually steps with (scheduler, per-micro-batch stepping, world-size scaling)",
           quiet=("kl_explosion", "update_size", "progress:fast", "grad_spike", "clip_saturation", "optimizer_state:shrunk",
                  "optimizer_state:hparams", "optimizer_state:foreign", "optimizer_state:extra_steps",
-                 "optimizer_state:counter")),
+                 "optimizer_state:counter", "optimizer_state:rounded")),
     Cause("kl_inactive", "optimisation", "the KL anchor does nothing (its term carries no gradient, or the "
           "reference follows the policy)",
           {"kl_probe": 6}, (),
@@ -130,7 +131,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           # when it covers none)
           {"loss_mask": 5, "loss_mask:position": 2, "length": 0.5, "truncation": 0.5, "logp_floor": 0.5, "logp_gap": 0.5,
            "loss_norm": 1, "advantage_invariants": 1, "progress:frozen": 1, "progress:stalled": 1},
-          ("halt",), "build the mask from lengths and stop reasons (never token values: pad may equal eos)"),
+          ("halt",), "build the mask from lengths and stop reasons (never token values: pad may equal eos)",
+          # the right positions weighed unequally: the coverage is exact, a per-token weight is the bug
+          quiet=("loss_mask:weighted",)),
     Cause("loss_norm_bug", "credit_assignment", "the loss normaliser does not count each token of the mini-batch once",
           {"loss_norm": 6}, ("halt",),
           "compute the aggregation's denominators once per mini-batch over its whole loss mask (tether.algos.agg_loss)"),

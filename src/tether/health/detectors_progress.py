@@ -33,7 +33,9 @@ update (`tether.train.probes`, `update/*`) or an invariant signal of the step
   moments changed by its own factor (the moments of other tensors: a restore by position into a
   reordered parameter list); `counter` when the step counter alone went back (`update/moments_rewound`,
   the moments as the last step left them: a reset or a restore of the step apart from the state - bias
-  correction restarts; not extra steps, not a rescale);
+  correction restarts; not extra steps, not a rescale); `rounded` when the changed moments sit on the
+  bfloat16 grid (`update/moments_rounded`: a state kept in a low-precision type, cast back each step -
+  neither a rescale nor another tensor's state, and not a learning-rate problem);
   and its settings are the run's first step's (`update/opt_*`): rule `eps` for an eps that grew (it
   divides every step: a hidden LR scale down), `hparams` for any other change (betas, weight decay).
 - `param_drift`: the parameters' norm moves steadily faster than during the baseline (and than a
@@ -145,7 +147,8 @@ class OptimizerStateDetector(Detector):
     name, mode, needs_baseline = "optimizer_state", "optimizer_state", False
     # spread: a rescale (a wrong unit, a lost state) moves every tensor's sampled moments by one factor (float
     # rounding only); a reordered restore swaps moments of tensors whose scales differ several-fold
-    defaults = {"rel": 1e-6, "spread": 1.1}
+    # rounded: the changed moments on the bfloat16 grid (fp32 values land there by chance ~2^-16 of the time)
+    defaults = {"rel": 1e-6, "spread": 1.1, "rounded": 0.9}
     persist = 1
     SETTINGS = {"update/opt_beta1": "beta1", "update/opt_beta2": "beta2", "update/opt_eps": "eps",
                 "update/opt_weight_decay": "weight decay"}
@@ -168,6 +171,14 @@ class OptimizerStateDetector(Detector):
                            "restores the state but not its step); bias correction starts again"), {
                     "update/moments_rewound": {"value": back}, "update/moments_changed": {"value": round(changed, 4)},
                     "rule": "counter"}
+            rounded = finite(h.latest("update/moments_rounded"))
+            if rounded is not None and rounded >= self.p["rounded"]:
+                # values cast to a coarser type and back: no rescale, no other tensor's state - lost precision
+                return 2, (f"the optimizer state of {changed:.0%} of the policy's tensors is not what the last optimizer "
+                           f"step left: {rounded:.0%} of the changed moments sit on the bfloat16 grid (Adam's fp32 "
+                           "moments almost never do): the state is stored in a low-precision type between steps"), {
+                    "update/moments_changed": {"value": round(changed, 4)},
+                    "update/moments_rounded": {"value": round(rounded, 4), "bound": self.p["rounded"]}, "rule": "rounded"}
             ev = {"update/moments_changed": {"value": round(changed, 4)},
                   "update/moments_scale": {"value": None if scale is None else round(scale, 6)},
                   "update/moments_spread": {"value": None if spread is None else round(spread, 4)}}

@@ -242,7 +242,8 @@ class AccuracyDropDetector(Detector):
 class LossMaskDetector(Detector):
     """The loss mask does not cover exactly the sampled tokens: position by position (`position`:
     sampled tokens outside it, unsampled ones inside it; where: the first or last sampled token,
-    the whole mask moved by one), or in number (`coverage`)."""
+    the whole mask moved by one), or in number (`coverage`); or it covers them exactly but weighs
+    a row's tokens unequally (`weighted`: a per-token weight, which the coverage cause does not name)."""
 
     name, mode, needs_baseline = "loss_mask", "credit_assignment", False
     persist = 1
@@ -259,6 +260,11 @@ class LossMaskDetector(Detector):
                        f"inside it {extra or 0:.1%} of their number"), {
                 "health/mask_missed": {"value": round(missed or 0, 5)}, "health/mask_extra": {"value": round(extra or 0, 5)},
                 "where": {k: round(v, 4) for k, v in where.items()}, "rule": "position"}
+        uneven = finite(h.latest("health/mask_uneven"))
+        if uneven:  # the right positions, weighed unequally inside a row: a per-token weight, not the mask's coverage
+            return 2, (f"the loss mask covers exactly the sampled positions but weighs them unequally within {uneven:.0%} "
+                       "of the rows (a row's weight is one number for all its tokens): the loss weights tokens by "
+                       "position or value"), {"health/mask_uneven": {"value": round(uneven, 4)}, "rule": "weighted"}
         if ctx.sequences_filtered:
             return OK
         n = finite(h.latest("batch/loss_tokens"))

@@ -35,6 +35,8 @@ def compute_mask_coverage(loss_mask_BT: torch.Tensor, sampled_BT: torch.Tensor, 
                               masked by its token value) / training rows
     health/mask_missed_first  the same for the first sampled token
     health/mask_shifted       training rows whose mask is their sampled positions moved by one / rows
+    health/mask_uneven        training rows whose mask weighs its own positions unequally (one row's
+                              weight, its validity, is one number for all its tokens) / rows
     """
     m, s = loss_mask_BT > 0, sampled_BT.bool()
     ok = row_ok_B.bool().to(m.device)[:, None] & s.any(-1, keepdim=True)
@@ -53,12 +55,17 @@ def compute_mask_coverage(loss_mask_BT: torch.Tensor, sampled_BT: torch.Tensor, 
     left = torch.zeros_like(s)
     left[:, :-1] = s[:, 1:]
     shifted = ((m == right).all(-1) | (m == left).all(-1)) & ~(m == s).all(-1)
+    w = loss_mask_BT.float()
+    hi = torch.where(m, w, torch.full_like(w, -math.inf)).max(-1).values
+    lo = torch.where(m, w, torch.full_like(w, math.inf)).min(-1).values
+    uneven = m.any(-1) & (hi - lo > 1e-6 * hi.abs().clamp(min=1.0))
     return {
         "health/mask_missed": float((s & ~m & ok).sum()) / n_s,
         "health/mask_extra": float((m & ~s).sum()) / n_s,
         "health/mask_missed_last": float((~m[r, last] & okB).sum()) / rows,
         "health/mask_missed_first": float((~m[r, first] & okB).sum()) / rows,
         "health/mask_shifted": float((shifted & okB).sum()) / rows,
+        "health/mask_uneven": float((uneven & okB).sum()) / rows,
     }
 
 

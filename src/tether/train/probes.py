@@ -48,6 +48,9 @@ detectors of `tether.health.detectors_progress` judge them. What `run_update` lo
     update/moments_steps  Adam's step counter over what the last step left (> 0: optimizer.step() ran
                           in between, outside the update's loop)
     update/moments_rewound  how far that counter went back (> 0: reset or restored without the moments)
+    update/moments_rounded  of the sampled moment elements that changed and are not 0, the share exactly
+                          representable in bfloat16 (fp32 moments Adam wrote: ~2^-16 of them by chance; a
+                          state stored in a low-precision type and cast back: all of them); absent under 8
     update/opt_beta1, update/opt_beta2, update/opt_eps, update/opt_weight_decay
                           the policy's param group's settings each optimizer step used (mean over the
                           update's steps): the health layer compares them with the run's first step's
@@ -195,6 +198,9 @@ def compute_moment_sketch(optimizer, size: int = MOMENT_SAMPLES) -> torch.Tensor
     return torch.stack(rows) if rows else None
 
 
+ROUNDED_MIN = 8  # changed non-zero moment elements below which `update/moments_rounded` is not stated
+
+
 def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None) -> dict[str, float] | None:
     """How the optimizer state an optimizer step starts from (`now`) differs from what the previous one
     left (`before`); None when there is nothing to compare (no earlier step, another layout):
@@ -205,6 +211,9 @@ def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None)
                             every tensor, or all lost; far from 1: moments of other tensors)
     update/moments_steps    Adam's step counter now minus before, at most (> 0: optimizer.step() ran between)
     update/moments_rewound  how far the counter went back, at most (> 0: a reset or a restore of the counter)
+    update/moments_rounded  the changed non-zero sampled moments' share on the bfloat16 grid (rounded to a
+                            low-precision type: 1; rescaled or another tensor's fp32 moments: ~0); absent under
+                            `ROUNDED_MIN` such elements
     """
     if before is None or now is None or before.shape != now.shape:
         return None
@@ -222,7 +231,14 @@ def compute_moment_change(before: torch.Tensor | None, now: torch.Tensor | None)
     lo, hi = (min(ratios), max(ratios)) if ratios else (1.0, 1.0)
     steps = torch.nan_to_num(now[had, 0] - before[had, 0], nan=0.0)
     w = float(was.sum())
-    return {"update/moments_changed": float(changed.sum()) / float(had.sum()),
+    out = {}
+    moved = now[changed, 1:]
+    moved = moved[(moved != before[changed, 1:]) & (moved != 0) & ~moved.isnan()]
+    if moved.numel() >= ROUNDED_MIN:
+        x32 = moved.to(torch.float32)
+        grid = (x32.to(torch.bfloat16).to(torch.float32) == x32) & (x32.to(torch.float64) == moved)
+        out["update/moments_rounded"] = float(grid.float().mean())
+    return {**out, "update/moments_changed": float(changed.sum()) / float(had.sum()),
             "update/moments_scale": float(is_.sum()) / w if w > 0 else float("inf") if float(is_.sum()) > 0 else 1.0,
             "update/moments_spread": 1.0 if hi == 0 else hi / lo if lo > 0 else float("inf"),
             "update/moments_steps": float(steps.max()), "update/moments_rewound": max(0.0, -float(steps.min()))}

@@ -31,7 +31,17 @@ OK_ROWS = torch.tensor([True, True])
 def test_mask_equal_to_the_sampled_positions_is_silent():
     out = compute_mask_coverage(SAMPLED.float(), SAMPLED, OK_ROWS)
     assert out == {"health/mask_missed": 0.0, "health/mask_extra": 0.0, "health/mask_missed_last": 0.0,
-                   "health/mask_missed_first": 0.0, "health/mask_shifted": 0.0}
+                   "health/mask_missed_first": 0.0, "health/mask_shifted": 0.0, "health/mask_uneven": 0.0}
+
+
+def test_a_row_weight_is_even_and_a_per_position_weight_is_not():
+    mask = SAMPLED.float().clone()
+    mask[1] *= 0.5  # row 1 weighs 0.5 for all its tokens (a validity weight): even
+    assert compute_mask_coverage(mask, SAMPLED, OK_ROWS)["health/mask_uneven"] == 0.0
+    mask[0, 2:5] = torch.tensor([1.0, 2.0, 3.0])  # row 0: its running count, the position-id idiom
+    out = compute_mask_coverage(mask, SAMPLED, OK_ROWS)
+    assert out["health/mask_uneven"] == pytest.approx(1 / 2)  # row 0 of 2
+    assert out["health/mask_missed"] == 0.0 and out["health/mask_extra"] == 0.0  # its positions are right
 
 
 def test_a_mask_moved_one_position_right_keeps_its_count_but_not_its_positions():
@@ -282,6 +292,30 @@ def _adam_with_state():
     a.grad, b.grad = torch.arange(100, dtype=torch.float32), torch.tensor([1.0, -2.0, 3.0])
     opt.step()  # one step: exp_avg = 0.1 g, exp_avg_sq = 0.01 g^2, step 1
     return opt, a, b
+
+
+def test_moments_cast_to_a_low_precision_type_sit_on_its_grid_and_a_rescale_does_not():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.zeros(1000))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    for _ in range(3):
+        p.grad = torch.randn(1000) * 1e-2
+        opt.step()
+    sk = compute_moment_sketch(opt, size=8)  # 8 elements of each moment: 16 non-zero fp32 values
+    st = opt.state[p]
+    rounded = {k: st[k].to(torch.bfloat16).to(torch.float32) for k in ("exp_avg", "exp_avg_sq")}
+    for k in rounded:
+        st[k].copy_(rounded[k])  # stored in bfloat16 between steps (a mixed-precision optimizer state)
+    ch = compute_moment_change(sk, compute_moment_sketch(opt, size=8))
+    assert ch["update/moments_changed"] == 1.0 and ch["update/moments_rounded"] == 1.0
+    assert ch["update/moments_scale"] == pytest.approx(1.0, abs=0.01)  # a rounding is no rescale
+    st["exp_avg_sq"].mul_(0.1)  # a restore in the wrong scale: fp32 values off the grid
+    st["exp_avg"].mul_(0.3)
+    ch = compute_moment_change(sk, compute_moment_sketch(opt, size=8))
+    assert ch["update/moments_rounded"] < 0.2
+    st["exp_avg_sq"].zero_()  # every moment lost (all 0): nothing left to judge the grid on
+    st["exp_avg"].zero_()
+    assert "update/moments_rounded" not in compute_moment_change(sk, compute_moment_sketch(opt, size=8))
 
 
 def test_moment_sketch_samples_the_same_positions_and_compares_by_hand():

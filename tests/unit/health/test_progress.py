@@ -175,6 +175,25 @@ def test_optimizer_state_written_between_steps_and_settings_changed_mid_run():
                                               "update/moments_spread": 1.0, "update/moments_steps": -12.0,
                                               "update/moments_rewound": 12.0})), "optimizer_state")
     assert f.evidence["rule"] == "shrunk"
+    # the moments cast to a low-precision type and back (values on the bfloat16 grid, about the same sum): lost
+    # precision, which neither a too-high LR nor a hidden LR scale names
+    f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 1.0004,
+                                              "update/moments_spread": 1.003, "update/moments_steps": 0.0,
+                                              "update/moments_rounded": 1.0})), "optimizer_state")
+    assert f.step == 15 and f.evidence["rule"] == "rounded"
+    hyps = diagnose([f])
+    assert hyps[0].cause == "unexplained"
+    f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 0.0,
+                                              "update/moments_spread": 1.0, "update/moments_steps": 0.0,
+                                              "update/moments_rounded": 1.0})), "optimizer_state")
+    assert f.evidence["rule"] == "rounded"  # small moments flushed to 0, the rest on the grid: still a cast
+    hyps = diagnose([f, _f("kl_explosion", "spike"), _f("update_size")])  # the lost moments make the update huge
+    assert hyps[0].cause == "unexplained"
+    assert "optimizer_state" in next(h for h in hyps if h.cause == "lr_too_high").contradicted
+    f = _first(_optimizer(lambda r: r.update({"update/moments_changed": 1.0, "update/moments_scale": 0.1,
+                                              "update/moments_spread": 1.0, "update/moments_steps": 0.0,
+                                              "update/moments_rounded": 0.05})), "optimizer_state")
+    assert f.evidence["rule"] == "shrunk" and diagnose([f])[0].cause == "lr_too_high"  # a rescale stays what it was
     f = _first(_optimizer(lambda r: r.update({"update/opt_eps": 0.1})), "optimizer_state")
     assert f.step == 15 and f.evidence["rule"] == "eps" and "eps 1e-08 -> 0.1" in f.message
     for change in ({"update/opt_eps": 1e-12}, {"update/opt_beta1": 0.999, "update/opt_beta2": 0.9},

@@ -160,6 +160,19 @@ def test_loss_mask_that_misses_sampled_tokens():
     assert f is not None and f.step == 1 and diagnose([f])[0].cause == "loss_mask_bug"
 
 
+def test_a_mask_on_the_right_positions_weighed_unequally_is_not_named_a_coverage_bug():
+    # the count check would see 1132 weighed tokens over 628 sampled; the positions are right
+    weighted = lambda r, s: r.update({"batch/loss_tokens": 1132.0, "health/mask_uneven": 1.0})  # noqa: E731
+    f = first(run(weighted), "loss_mask")
+    assert f is not None and f.step == 1 and f.evidence["rule"] == "weighted"
+    hyps = diagnose([f])
+    assert hyps[0].cause == "unexplained"  # loss_mask_bug describes coverage: this mechanism is outside it
+    assert next(h for h in hyps if h.cause == "loss_mask_bug").contradicted == ("loss_mask",)
+    # an even mask (every row's tokens weigh alike) keeps the count rule
+    f = first(run(lambda r, s: r.update({"batch/loss_tokens": 520.0, "health/mask_uneven": 0.0})), "loss_mask")
+    assert f.evidence["rule"] == "coverage" and diagnose([f])[0].cause == "loss_mask_bug"
+
+
 def test_update_size_beyond_any_trust_region():
     f = first(run(lambda r, s: r.update(approx_kl=3.0)), "update_size")
     assert f is not None and f.step == 1 and diagnose([f])[0].cause == "lr_too_high"

@@ -179,7 +179,9 @@ def test_a_reference_reset_that_clears_the_optimizer_on_purpose_is_not_flagged(t
     ("norm_wrong", (), "loss_norm", "coverage"),
     ("trainer_forward_mismatch", (), "forward_mismatch", "pre_update"),
     ("old_logp_shuffled", (), "forward_mismatch", "old_logp"),
-    ("grad_accum_leak", KL, "grad_memory", "carryover"),  # the KL term gives a gradient where rewards give none
+    # the KL term gives a gradient where rewards give none; 8 steps: the 3-step mean of the cosines crosses 0.9 at
+    # step 6 by a hair (0.906 in fp32, 0.900 under bf16 autocast on a CPU with native bf16), 0.93+ after
+    ("grad_accum_leak", KL + ("train.steps=8",), "grad_memory", "carryover"),
     ("token_ids_shifted", (), "token_ids", "ids"),
     ("trainer_prompt_prefix", (), "token_ids", "ids"),  # a prefix: another layout, the rows still compared
     # from step 2: Adam has moments to corrupt, and the run's first step has the configured settings
@@ -193,8 +195,8 @@ def test_a_fault_at_an_update_seam_fires_its_check(tmp_path, fault, extra, detec
     f = _fired(found, detector)
     # the exact invariants at once; the forward's KL grows with how far the random model's logits are from uniform
     # a carried-over gradient needs a 3-step mean of cosines (from step 2 on) and two steps of it
-    late = detector == "forward_mismatch" or detector == "grad_memory"
-    assert f is not None and f["step"] <= (6 if late else 2) and f["evidence"]["rule"] == rule, found
+    late = {"forward_mismatch": 6, "grad_memory": 8}.get(detector, 2)
+    assert f is not None and f["step"] <= late and f["evidence"]["rule"] == rule, found
 
 
 # stale_weights subtle: the weights arrive every 4th step while the engine claims the current version

@@ -43,7 +43,8 @@ def _vote_groups(n: int = 40) -> list:
     groups = []
     for k in range(n):
         right, wrong = (5, 2), (6 + k % 3, 2)
-        responses = [wrong] * (3 + k % 4) + [right] * (5 - k % 4)  # k % 4 == 0: right wins; 1: a tie, wrong sampled first
+        # k % 4 == 0: the right answer wins; 1: a tie, the wrong one sampled first; 2, 3: the wrong one wins
+        responses = [wrong] * (3 + k % 4) + [right] * (5 - k % 4)
         rewards = [1.0 if r == right else 0.0 for r in responses]
         groups.append(make_group(f"p{k}", (1, 2, 3), rewards, [r > 0 for r in rewards], responses))
     return groups
@@ -227,7 +228,7 @@ def test_old_logp_scoring_noise_perturbs_pi_old_on_sampled_tokens_only(severity,
 def test_weights_left_at_ema_writes_the_lagging_average_into_the_weights(severity, decay, every):
     ps = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
     other = torch.nn.Parameter(torch.zeros(2))
-    opt = types.SimpleNamespace(param_groups=[{"params": ps}, {"params": [other]}])  # what the hook reads of an optimizer
+    opt = types.SimpleNamespace(param_groups=[{"params": ps}, {"params": [other]}])  # what the hook reads
     fs, st = fault_before_start("weights_left_at_ema", severity)
     fs.before_optimizer_step(opt, None, ps)
     assert all(torch.equal(q, torch.zeros(3)) for q in ps)

@@ -4,8 +4,12 @@ Each kind is modelled on a bug users of an RL, training or inference framework r
 is named in its docstring) and acts at one seam of the fault API. They were written without
 looking at how the health layer detects or diagnoses them, and never used to tune it; the effect
 of each on training (accuracy, reward) was checked against a healthy control, three seeds, nothing
-else (benchmarks/results/faultbench_fresh9_effect.json, whose note says which kinds move training
-beyond the healthy seeds' spread at which severity).
+else (benchmarks/results/faultbench_fresh9_effect.json): reward_majority_vote,
+stop_string_token_ids, weight_decay_coupled and trainer_prompt_other_row move training beyond the
+healthy seeds' spread at obvious (reward_majority_vote at subtle too); advantage_integer_dtype,
+gold_answer_modular and old_logp_scoring_noise put every seed under its healthy run at obvious,
+the ranges overlapping the healthy spread; weights_left_at_ema shows no effect at either severity
+and was kept as written. No kind was strengthened.
 
 taxonomy    reward_majority_vote (reward: misaligned_reward), advantage_integer_dtype
             (credit_assignment: advantage_bug), gold_answer_modular (data: data_corruption),
@@ -248,7 +252,9 @@ class WeightsLeftAtEMA(Fault):
     starts at the fault's first step from the weights then, and is updated with decay `decay` once
     a step before the step's first optimizer step; on every `every`-th step the average is then
     written into the weights. The policy's parameter group only; Adam's state is untouched.
-    `subtle`: decay 0.8, every 5 steps; `obvious`: decay 0.9, every 2 steps. Outside the taxonomy:
+    `subtle`: decay 0.8, every 5 steps; `obvious`: decay 0.9, every 2 steps (kept as written: no
+    effect on accuracy beyond the healthy seeds' spread, as learning slowed is not learning undone
+    in a benchmark whose RL phase moves accuracy little). Outside the taxonomy:
     gradients, learning rate and optimizer are right; the weights are set back to a lagging
     average between steps, which no cause names."""
 

@@ -92,7 +92,8 @@ class AdvantageIntegerDtype(Fault):
     ints); `obvious`: every group. Label advantage_bug: the rewards are right, the advantages
     computed from them are not."""
 
-    name, family, cause, seam = "advantage_integer_dtype", "credit_assignment", "advantage_bug", "advantage_dtype"
+    name, family, cause = "advantage_integer_dtype", "credit_assignment", "advantage_bug"
+    seam = "advantage_dtype"
     severities = {"subtle": {"p": 0.3}, "obvious": {"p": 1.0}}
 
     def on_advantages(self, adv_BT, group_B, step):
@@ -151,14 +152,14 @@ def _token_ids_of(tokenizer, text: str) -> tuple[int, ...]:
 class StopStringTokenIds(Fault):
     """A stop string is handed to the rollout engine as token ids, each id a stop token of its own:
     the engine ends a completion at the first of those tokens instead of at the whole string, and
-    strips it from the text like any stop token (NVIDIA/TensorRT-LLM#90, "the mapping from
-    stop_words to ids is not unique", where the "generation is stopped so early"; QwenLM/Qwen#1001,
-    `eos_token_id = [198, 151643]` to stop at a newline). The stop string is the start of a next
-    numbered item ("\\n2." / "\\n1.\\n2."), so a digit becomes a stop token: an answer that contains it
-    ends there ("12" is cut after "1" and read as "1"; "2" is read as ""). The ids come from the
-    policy's tokenizer, one per character; the trainer's stop ids are untouched. `subtle`: "\\n2."
-    (stops on the digit 2); `obvious`: "\\n1.\\n2." (on 1 and 2). Label truncation: the responses
-    are cut short by a wrong stop condition."""
+    strips it from the text like any stop token (NVIDIA/TensorRT-LLM#90: "The mapping from
+    stop_words to ids are not unique", with stop ids where "the generation is stopped so early";
+    QwenLM/Qwen#1001, `eos_token_id = [198, 151643]` to stop at a newline). The stop string is the
+    start of a next numbered item ("\\n2." / "\\n1.\\n2."), so a digit becomes a stop token: an
+    answer that contains it ends there, without it (with 2 a stop: "12" is read as "1", "24" and
+    "2" as ""). The ids come from the policy's tokenizer, one per character; the trainer's stop ids
+    are untouched. `subtle`: "\\n2." (stops on the digit 2); `obvious`: "\\n1.\\n2." (on 1 and 2).
+    Label truncation: the responses are cut short by a wrong stop condition."""
 
     name, family, cause, seam = "stop_string_token_ids", "system", "truncation", "engine_stops"
     severities = {"subtle": {"stop": "\n2."}, "obvious": {"stop": "\n1.\n2."}}

@@ -54,6 +54,9 @@ def _rank_main(rank, path, port):
     dp = do_init_group(rank, 2, "127.0.0.1", port, "gloo", 120)
     state, m = _update(bundle, batch if rank == 0 else None, dp, overrides)
     torch.save((state, m), f"{path}.out{rank}")
+    # both ranks done before either tears gloo down: a rank that exits while its peer still talks to it can
+    # abort in gloo's threads ("terminate called without an active exception", seen once on a loaded machine)
+    tdist.barrier()
     tdist.destroy_process_group()
 
 

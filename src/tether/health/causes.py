@@ -54,6 +54,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"grad_spike": 1, "kl_explosion": 4, "kl_explosion:sustained": -2, "update_size": 4, "clip_saturation": 2,
            "entropy_explosion": 1, "nonfinite": 1, "regression": 0.5, "accuracy_drop": 0.5, "length": 0.3,
            "progress:fast": 4, "param_drift": 0.5,
+           # more epochs per batch: the update phase takes that many times longer (a slow reward/env is not this)
+           "stall:update": 1,
            # Adam's second moments shrunk or lost between steps, or extra optimizer steps: every update larger, at
            # the same LR
            "optimizer_state:shrunk": 4, "optimizer_state:extra_steps": 4},
@@ -73,10 +75,12 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           ("raise_temperature",), "raise rollout temperature, clip-higher, Clip-Cov/KL-Cov, an entropy bonus",
           quiet=_UPDATE_INTERNALS + ("duplicates",)),
     Cause("entropy_explosion", "optimisation", "entropy blow-up (entropy bonus / clip-higher too permissive)",
+          # noise-like answers do not stop: longer, cut at the limit; an entropy term in the loss pulls the update
+          # against the advantage-weighted objective (the surrogate is no longer all the loss)
           {"entropy_explosion": 3, "length:blowup": 0.3, "regression": 0.3, "kl_explosion": -1.5,
-           "kl_explosion:sustained": 1.5, "grad_spike": -1},
+           "kl_explosion:sustained": 1.5, "grad_spike": -1, "truncation": 0.3, "progress:against": 0.5},
           ("drop_entropy_bonus", "raise_kl", "lower_lr"), "lower algo.entropy_coef or clip_high; add a KL anchor",
-          quiet=_UPDATE_INTERNALS),
+          quiet=tuple(q for q in _UPDATE_INTERNALS if q != "progress:against")),
     Cause("no_progress", "optimisation", "the update does not reach the weights (frozen tensors, a hidden LR scale)",
           # an eps grown past sqrt(v) or second moments grown between steps divide every step: a hidden LR scale
           {"progress:frozen": 6, "progress:stalled": 5, "optimizer_state:eps": 4, "optimizer_state:grown": 4}, (),
@@ -94,7 +98,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           quiet=("kl_probe:moved",)),
     Cause("exploitable_reward", "reward", "the reward pays for something other than correctness (reward hacking)",
           {"reward_hacking": 3, "reward_hacking:component": 2, "reward_noise:auc": 1, "length": 1, "entropy_collapse": 0.3,
-           "proxy_reward": -2},
+           # a loophole that pays for volume (length, filler) spreads the policy over the filler: entropy rises
+           "entropy_explosion": 0.5, "proxy_reward": -2},
           ("downweight_component", "raise_kl"), "fix the loophole in the verifier / shaping term; down-weight it",
           quiet=_UPDATE_INTERNALS),
     Cause("learned_reward_exploited", "reward", "a learned reward (reward model, judge) is being exploited: "

@@ -82,7 +82,10 @@ class ProgressDetector(Detector):
         k = int(self.p["against_k"])
         rows = [r for r in h.rows if r["step"] > self.p["skip"] and r["step"] not in h.discarded][-k:]
         gains = [g for r in rows if (g := finite(r.get("update/logp_gain"))) is not None]
-        if len(gains) == k and sum(g < 0 for g in gains) >= self.p["against_n"] and sum(gains) < 0:
+        # with a KL penalty on, its gradient pulls against the surrogate wherever the policy left the reference:
+        # a healthy step may lower the advantage-weighted log-probs (faultbench healthy s12, kl 0.1: 3 of 4)
+        need = k if any((finite(r.get("kl_coef")) or 0) > 0 for r in rows) else self.p["against_n"]
+        if len(gains) == k and sum(g < 0 for g in gains) >= need and sum(gains) < 0:
             return 1, (f"the update lowered its own objective on {sum(g < 0 for g in gains)} of the last {k} steps "
                        f"(mean advantage-weighted log-prob change {sum(gains) / k:.3g}): the gradient goes against "
                        "the advantages"), {"update/logp_gain": {"value": round(sum(gains) / k, 5)}, "rule": "against"}

@@ -340,7 +340,7 @@ class StallDetector(Detector):
             return OK  # on both steps of the window: one long pause is not a stalled component
         level = 2 if x > 4 * self.p["factor"] * base.median else 1
         return level, f"step time {x:.3g}s vs baseline {base.median:.3g}s, mostly in {phase}", {
-            "time/step": _ev(x, base), "phase": phase}
+            "time/step": _ev(x, base), "phase": phase, **({"rule": "update"} if phase == "time/update" else {})}
 
 
 @register_detector

@@ -90,7 +90,7 @@ def test_kl_explosion_ignores_the_healthy_tail_of_the_max_ratio():
 
 def test_kl_explosion_flags_a_kl_several_times_too_high_on_every_step_within_five_steps():
     """An LR a few times too high (faultbench lr_spike/subtle s1): the per-update KL 6x its baseline
-    on every step, never 8x - the spike rule stays quiet, the sustained rule (mean of 4 steps > 4x)
+    on every step, never 8x - the spike rule stays quiet, the sustained rule (mean of 4 steps > 5x)
     flags it, critical within 5 steps, and names the LR. One healthy 7.7x step (the largest of 63
     healthy faultbench runs) is not a finding."""
     def six_x(row, step):
@@ -109,6 +109,23 @@ def test_kl_explosion_flags_a_kl_several_times_too_high_on_every_step_within_fiv
             row["approx_kl"] *= 7.7
 
     assert replay(series(30, 3, {"k": one_spike}), detector="kl_explosion") == []
+
+
+def test_a_healthy_run_whose_kl_holds_four_and_a_half_times_its_baseline_is_not_an_explosion():
+    """Round 9's healthy seed 11 (Intel Xeon): the per-update KL held 4.4x its baseline median over 4
+    steps and came back. The sustained bar is 5x: 4.5x on every step from 15 to 21 is quiet, 5.5x is
+    flagged by the sustained rule."""
+    def bump(x):
+        def fn(row, step):
+            if 15 <= step <= 21:
+                row["approx_kl"] = x * 0.01
+            else:
+                row["approx_kl"] = 0.01
+        return fn
+
+    assert replay(series(30, 3, {"k": bump(4.5)}), detector="kl_explosion") == []
+    found = replay(series(30, 3, {"k": bump(5.5)}), detector="kl_explosion")
+    assert found and found[0].evidence["rule"] == "sustained" and 18 <= found[0].step <= 21
 
 
 def test_stall_of_a_small_phase_that_became_ten_times_slower():
@@ -131,6 +148,14 @@ def test_stall_of_a_small_phase_that_became_ten_times_slower():
             row[k] *= 2.5
 
     assert replay(series(30, 7, {"u": busy_update}), detector="stall") == []
+
+    def three_epochs(row, step):  # the update phase 3x longer, nothing else: more epochs per batch
+        row["time/step"] += 12 * row["time/update"]
+        row["time/update"] *= 13
+
+    found = replay(series(30, 7, {"u": three_epochs}), detector="stall")
+    assert found and found[0].evidence["phase"] == "time/update" and found[0].evidence["rule"] == "update"
+    assert "rule" not in replay(series(30, 7, {"r": slow_reward}), detector="stall")[0].evidence
     assert replay(series(30, 7, {"m": busy_machine}), detector="stall") == []
     rows = series(30, 7)  # one 1.1 s pause in the reward phase (a loaded machine; faultbench healthy s17)
     rows[15]["time/reward"] += 0.6
@@ -254,6 +279,55 @@ def test_a_sustained_kl_rise_does_not_argue_against_an_entropy_bonus():
     spike = Finding("kl_explosion", "kl_explosion", "critical", 26, 24, "KL spike", {"rule": "spike"})
     assert diagnose([ent, steady])[0].cause == "entropy_explosion"
     assert diagnose([ent, spike])[0].cause == "lr_too_high"
+
+
+def test_a_slow_update_phase_with_a_large_update_is_too_many_epochs_not_a_slow_component():
+    """Faultbench epoch_overuse (auto, seeds 3 and 5 at round 9's sitting): more epochs per batch make
+    the update phase several times longer (`stall`, mostly in time/update) while the KL per update
+    jumps. The update-size cause explains both (fit 1), so auto mode lowers the epochs instead of
+    halting on an unexplained anomaly; a slow update phase alone is still a slow component, and a slow
+    reward phase does not count for the update size."""
+    from tether.health.detectors import Finding
+    from tether.health.diagnosis import diagnose
+
+    kl = Finding("kl_explosion", "kl_explosion", "critical", 13, 13, "KL spike", {"rule": "spike"})
+    slow_update = Finding("stall", "stall", "critical", 13, 13, "slow update", {"phase": "time/update", "rule": "update"})
+    slow_reward = Finding("stall", "stall", "critical", 13, 13, "slow reward", {"phase": "time/reward"})
+    top = diagnose([kl, slow_update])[0]
+    assert top.cause == "lr_too_high" and top.fit == 1.0 and "lower_epochs" in top.actions
+    top = diagnose([kl, slow_reward])[0]
+    assert top.cause == "unexplained" or top.fit < 1.0
+    assert diagnose([slow_update])[0].cause == "slow_component"
+
+
+def test_a_paid_loophole_with_rising_entropy_is_the_loophole():
+    """Faultbench reward_hack_bonus/subtle s2 (round 9's sitting): a bonus for long answers pays
+    incorrect samples and spreads the policy over filler, so entropy rises with it. The paid loophole
+    explains both; an entropy blow-up without paid wrong answers stays an entropy problem."""
+    from tether.health.detectors import Finding
+    from tether.health.diagnosis import diagnose
+
+    ent = Finding("entropy_explosion", "entropy_explosion", "critical", 24, 24, "entropy up")
+    hack = Finding("reward_hacking", "reward_hacking", "critical", 24, 24, "incorrect samples paid")
+    top = diagnose([ent, hack])[0]
+    assert top.cause == "exploitable_reward" and top.fit == 1.0
+    assert diagnose([ent])[0].cause == "entropy_explosion"
+
+
+def test_an_entropy_bonus_explains_cut_answers_and_an_update_against_the_surrogate():
+    """Faultbench entropy_bonus/obvious s4 (round 9's sitting): entropy up, then noise-like answers cut
+    at the limit and updates that lower the advantage-weighted log-probs (the entropy term in the loss
+    pulls the other way). The entropy blow-up explains all three; without the entropy finding, an
+    update against the surrogate still names no cause."""
+    from tether.health.detectors import Finding
+    from tether.health.diagnosis import UNEXPLAINED, diagnose
+
+    ent = Finding("entropy_explosion", "entropy_explosion", "critical", 17, 16, "entropy up")
+    cut = Finding("truncation", "truncation", "critical", 17, 17, "truncation up")
+    against = Finding("progress", "no_progress", "critical", 17, 17, "update against", {"rule": "against"})
+    top = diagnose([ent, cut, against])[0]
+    assert top.cause == "entropy_explosion" and top.fit == 1.0
+    assert diagnose([against])[0].cause == UNEXPLAINED
 
 
 def test_a_fifth_of_the_correct_samples_unpaid_by_a_verifier():

@@ -50,6 +50,19 @@ def test_an_update_against_its_advantages():
     assert _run("progress", lambda r, s: r.update({"update/logp_gain": -0.1 if s % 2 else 0.1})) == []
 
 
+def test_with_a_kl_penalty_on_three_steps_against_of_four_are_not_enough():
+    """The KL penalty's gradient pulls against the surrogate once the policy has left the reference
+    (faultbench healthy s12 with kl 0.1: 3 of 4 steps lowered the advantage-weighted log-probs). With
+    its coefficient on, every step of the window must go against the advantages."""
+    three = lambda r, s: r.update({"update/logp_gain": 0.1 if s % 4 == 0 else -0.1, "kl_coef": 0.1})  # noqa: E731
+    assert _run("progress", three) == []
+    f = _first(_run("progress", lambda r, s: r.update({"update/logp_gain": -0.1, "kl_coef": 0.1})), "progress")
+    assert f is not None and f.evidence["rule"] == "against"
+    # without the penalty the same 3 of 4 is a finding
+    f = _first(_run("progress", lambda r, s: r.update({"update/logp_gain": 0.1 if s % 4 == 0 else -0.1})), "progress")
+    assert f is not None and f.evidence["rule"] == "against"
+
+
 def test_kl_probe_detached_and_flat():
     f = _first(_run("kl_probe", lambda r, s: r.update({"update/kl_live": 0.0, "kl_coef": 0.1})), "kl_probe")
     assert f.step == 15 and f.severity == "critical" and f.evidence["rule"] == "detached"

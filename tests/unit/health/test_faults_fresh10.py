@@ -20,22 +20,22 @@ from health_helpers import fault_before_start, make_group, registered_fault_set
 
 FRESH10 = ("reward_decoded_from_second_token", "gold_negative_answer_unsigned", "advantage_discounted_to_go",
            "loss_grad_accum_mean_of_means", "sampler_suppressed_tokens", "adam_bias_correction_off",
-           "ref_polyak_synced")
+           "ref_polyak_synced", "rollout_logp_tail_zero_padded")
 
 
 def test_the_fresh10_kinds_are_registered_with_labels_in_the_taxonomy_or_outside_it():
     from tether.health.causes import CAUSES
     from tether.health.faults import fresh10
 
-    reg = registered_fault_set(fresh10, FRESH10, outside=2)
+    reg = registered_fault_set(fresh10, FRESH10, outside=3)
     inside = [reg[n] for n in FRESH10 if reg[n].cause != UNEXPLAINED]
     assert all(CAUSES[c.cause].family == c.family for c in inside)  # labelled in the cause's own family
     assert {c.name: c.cause for c in inside} == {
         "reward_decoded_from_second_token": "misaligned_reward", "gold_negative_answer_unsigned": "data_corruption",
         "advantage_discounted_to_go": "advantage_bug", "loss_grad_accum_mean_of_means": "loss_norm_bug",
         "sampler_suppressed_tokens": "rollout_mismatch"}
-    assert len({reg[n].seam for n in FRESH10}) == 7
-    hooks = ("on_problems", "on_sampler", "on_rollouts", "on_advantages", "on_reference", "on_loss",
+    assert len({reg[n].seam for n in FRESH10}) == 8
+    hooks = ("on_problems", "on_sampler", "on_rollouts", "on_advantages", "on_batch", "on_reference", "on_loss",
              "before_optimizer_step")
     assert sorted(h for n in FRESH10 for h in hooks if h in vars(reg[n])) == sorted(hooks)  # one seam each
 
@@ -228,6 +228,40 @@ def test_sampler_suppressed_tokens_masks_k_ids_in_the_engine_only(severity, k):
     with torch.no_grad():
         assert torch.equal(st.policy.model(x)[:, keep], model(x)[:, keep])
     assert fs.faults[0].ids == ids  # the same ids all run
+
+
+# ----------------------------------------------------------------------------- rollout log-probs
+
+
+@pytest.mark.parametrize("severity", ["subtle", "obvious"])
+def test_rollout_logp_tail_zero_padded_sets_the_last_sampled_tokens_log_probs_to_zero(severity):
+    B, T = 60, 9
+    mask = torch.zeros(B, T)
+    lengths = [1 + b % 5 for b in range(B)]  # responses of 1 to 5 tokens after a prompt of 3
+    for b, n in enumerate(lengths):
+        mask[b, 3:3 + n] = 1
+    logp = -0.1 - torch.rand(B, T)
+    batch = TrainBatch(torch.ones(B, T, dtype=torch.long), torch.ones(B, T, dtype=torch.bool), mask, logp * mask,
+                       0.3 * mask, torch.arange(B) // 6, torch.arange(B))
+    fs, st = fault_before_start("rollout_logp_tail_zero_padded", severity)
+    assert fs.on_batch(batch) is batch
+    st.step = 14
+    out = fs.on_batch(batch)
+    for f in ("input_ids_BT", "attention_mask_BT", "loss_mask_BT", "advantages_BT", "seq_group_B"):
+        assert torch.equal(getattr(out, f), getattr(batch, f))
+    m = 2 if severity == "obvious" else 1
+    hit = 0
+    for b, n in enumerate(lengths):
+        got, was = out.rollout_logp_BT[b], batch.rollout_logp_BT[b]
+        if torch.equal(got, was):
+            continue
+        hit += 1
+        last = 3 + n  # one past the row's last sampled token
+        zeroed = list(range(max(3, last - m), last))
+        assert torch.equal(got[zeroed], torch.zeros(len(zeroed)))  # log(1) on the padded tail
+        keep = [t for t in range(T) if t not in zeroed]
+        assert torch.equal(got[keep], was[keep])
+    assert hit == B if severity == "obvious" else 8 < hit < 30
 
 
 # ----------------------------------------------------------------------------- optimisation

@@ -11,7 +11,8 @@ taxonomy    reward_decoded_from_second_token (reward: misaligned_reward), gold_n
             (data: data_corruption), advantage_discounted_to_go (credit_assignment: advantage_bug),
             loss_grad_accum_mean_of_means (credit_assignment: loss_norm_bug), sampler_suppressed_tokens
             (system: rollout_mismatch)
-outside     adam_bias_correction_off (optimisation), ref_polyak_synced (optimisation):
+outside     adam_bias_correction_off (optimisation), ref_polyak_synced (optimisation),
+            rollout_logp_tail_zero_padded (system):
             `cause = UNEXPLAINED`, no cause of the taxonomy describes their mechanism
 """
 
@@ -229,6 +230,39 @@ class SamplerSuppressedTokens(Fault):
     def _suppress(self, module, args, out):
         idx = torch.tensor(self.ids, device=out.device)
         return out.index_fill(-1, idx, float("-inf"))
+
+
+# ----------------------------------------------------------------------------- rollout log-probs
+
+
+@register_fault
+class RolloutLogpTailZeroPadded(Fault):
+    """The engine's per-token log-probs come back shorter than the response's token ids (the ids were
+    re-derived by re-tokenising the text, or the engine dropped the last entries), and the adapter
+    pads the missing tail with 0.0, log(1), silently (vllm-project/vime PR#70:
+    "`_align_engine_tokens_and_logprobs` pads missing rollout logprobs with `0.0` -- i.e.
+    `log(prob=1.0)` -- and truncates extras, **silently**"; rllm-org/rllm#816: the fallback "pad[s]
+    `action_lp` with `0.0` at the tail ... training would use wrong (zeroed) old-logprobs for some
+    tokens instead of failing loudly"). The last `m` loss-mask positions of an affected row get a
+    rollout log-prob of 0.0; the token ids, the mask, the advantages and the trainer's own
+    forward are untouched. `subtle`: the last token of a fraction `p` of the rows (one engine of
+    several); `obvious`: the last 2 tokens of every row. Outside the taxonomy: the sampler ran
+    the right weights and distribution; only the record of what it computed is wrong for those
+    tokens, which no cause names."""
+
+    name, family, cause, seam = "rollout_logp_tail_zero_padded", "system", UNEXPLAINED, "rollout_logp_record"
+    severities = {"subtle": {"p": 0.3, "m": 1}, "obvious": {"p": 1.0, "m": 2}}
+
+    def on_batch(self, batch, step):
+        mask = batch.loss_mask_BT > 0
+        from_end = mask.flip(-1).long().cumsum(-1).flip(-1)  # 1 on a row's last mask position, 2 on the one before
+        rows = torch.tensor([self.coin(step, "row", b) < float(self.p["p"]) for b in range(batch.num_seqs)],
+                            dtype=torch.bool, device=mask.device)
+        tail = mask & (from_end <= int(self.p["m"])) & rows[:, None]
+        if not bool(tail.any()):
+            return batch
+        logp = batch.rollout_logp_BT.masked_fill(tail, 0.0)
+        return dataclasses.replace(batch, rollout_logp_BT=logp)
 
 
 # ----------------------------------------------------------------------------- optimisation

@@ -61,8 +61,8 @@ The history of the split, so a reader can judge what "held out" means:
   frozen at d10fb35; held out in round 9 and scored once (benchmarks/results/faultbench_extended.json's
   held-out half; first-look points: faultbench_first_look_r9.json), then seen: tuned kinds from
   round 10 on.
-- `HELD_OUT`: 7 kinds written by another hand (faults/fresh10.py) and merged unread, not run by the
-  hand that tunes the layer before they are scored; 2 of them outside the taxonomy. Not yet scored.
+- `HELD_OUT`: 8 kinds written by another hand (faults/fresh10.py) and merged unread, not run by the
+  hand that tunes the layer before they are scored; 3 of them outside the taxonomy. Not yet scored.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.
 """
@@ -112,7 +112,7 @@ SEEN_ROUND9 = ("reward_majority_vote", "advantage_integer_dtype", "gold_answer_m
 # the tenth held-out set (faults/fresh10.py), written apart from the tuning (round 10)
 HELD_OUT = ("reward_decoded_from_second_token", "gold_negative_answer_unsigned", "advantage_discounted_to_go",
             "loss_grad_accum_mean_of_means", "sampler_suppressed_tokens", "adam_bias_correction_off",
-            "ref_polyak_synced")
+            "ref_polyak_synced", "rollout_logp_tail_zero_padded")
 TUNED = (EARLIER + NEW_TUNED + SEEN_ONCE + SEEN_ROUND2 + SEEN_ROUND3 + SEEN_ROUND4 + SEEN_ROUND5 + SEEN_ROUND6
          + SEEN_ROUND7 + SEEN_ROUND8 + SEEN_ROUND9)
 

@@ -186,10 +186,10 @@ def test_loss_grad_accum_mean_of_means_weighs_each_micro_batch_as_much_as_the_ot
 
 
 class _Tiny(torch.nn.Module):
-    def __init__(self, vocab=16):
+    def __init__(self, vocab=16, bias=True):
         super().__init__()
         self.emb = torch.nn.Embedding(vocab, 4)
-        self.head = torch.nn.Linear(4, vocab)
+        self.head = torch.nn.Linear(4, vocab, bias=bias)
 
     def get_output_embeddings(self):
         return self.head
@@ -198,10 +198,11 @@ class _Tiny(torch.nn.Module):
         return self.head(self.emb(ids))
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("severity,k", [("subtle", 2), ("obvious", 8)])
-def test_sampler_suppressed_tokens_masks_k_ids_in_the_engine_only(severity, k):
+def test_sampler_suppressed_tokens_masks_k_ids_in_the_engine_only(severity, k, bias):
     torch.manual_seed(0)
-    model = _Tiny()
+    model = _Tiny(bias=bias)
     trainer = HFPolicy(model=model, tokenizer=None, stop_ids=(2,), pad_id=0)
     sampling = SamplingConfig(max_new_tokens=6)
     fs, st = fault_before_start("sampler_suppressed_tokens", severity, policy=trainer)
@@ -216,17 +217,23 @@ def test_sampler_suppressed_tokens_masks_k_ids_in_the_engine_only(severity, k):
     x = torch.arange(16)
     with torch.no_grad():
         plain, eng = model(x), engine.model(x)
-    assert torch.isinf(eng[:, ids]).all() and (eng[:, ids] < 0).all()
+    assert torch.allclose(eng[:, ids], plain[:, ids] - 1e4)  # lowered by 10^4: never sampled
+    assert torch.softmax(eng, -1)[:, ids].max() == 0.0 and torch.isfinite(eng).all()
     keep = [i for i in range(16) if i not in ids]
-    assert torch.equal(eng[:, keep], plain[:, keep]) and torch.isfinite(plain).all()  # the trainer's head is plain
+    assert torch.equal(eng[:, keep], plain[:, keep])
+    head = engine.model.get_output_embeddings()
+    assert not head._forward_hooks and (model.head.bias is None) == (not bias)  # the trainer's head is untouched
     fs.end_rollout([])
     assert st.policy is trainer
     with torch.no_grad():  # the engine follows the trainer's weights every step
-        model.head.bias.add_(1.0)
+        model.head.weight.add_(1.0)
+        if bias:
+            model.head.bias.add_(1.0)
     st.step = 15
     fs.begin_rollout([], sampling)
     with torch.no_grad():
         assert torch.equal(st.policy.model(x)[:, keep], model(x)[:, keep])
+        assert torch.allclose(st.policy.model(x)[:, ids], model(x)[:, ids] - 1e4)
     assert fs.faults[0].ids == ids  # the same ids all run
 
 

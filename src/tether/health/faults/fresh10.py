@@ -201,13 +201,16 @@ class SamplerSuppressedTokens(Fault):
     "Changes to the above changes the logprobs returned from vLLM ... which leads to unstable
     training"; transformers' SuppressTokensLogitsProcessor is what the list drives). The engine
     gets the trainer's current weights every step; its output head's logits of the suppressed
-    ids are -inf (so the recorded rollout log-probs are those of the renormalised distribution).
+    ids are lowered by 10^4 through the head's bias (added to the engine's copy: tether runs the
+    head from its weight and bias, no hook), so they are never sampled and the recorded rollout
+    log-probs are those of the renormalised distribution (transformers' processor sets -inf).
     The ids are `k` of the vocabulary drawn per run (the stop and pad ids excluded). `subtle`: 2
     ids; `obvious`: 8 ids. Label rollout_mismatch: the sampler's distribution differs from the
     trainer's; the weights are current."""
 
     name, family, cause, seam = "sampler_suppressed_tokens", "system", "rollout_mismatch", "engine_generation_config"
     severities = {"subtle": {"k": 2}, "obvious": {"k": 8}}
+    SUPPRESSED = -1.0e4  # exp() of it underflows to 0 in fp32; finite, so no NaN in an entropy over the vocabulary
 
     def suppressed(self, vocab: int, keep: tuple[int, ...]) -> list[int]:
         ids = sorted((i for i in range(vocab) if i not in keep), key=lambda i: self.coin("suppress", i))
@@ -220,16 +223,20 @@ class SamplerSuppressedTokens(Fault):
         if not hasattr(self, "_engine"):
             self._engine = dataclasses.replace(policy, model=copy.deepcopy(model))
             head = self._engine.model.get_output_embeddings()
+            w = head.weight
             keep = tuple(policy.stop_ids) + (int(getattr(policy, "pad_id", -1)),)
-            self.ids = self.suppressed(int(head.weight.shape[0]), keep)
-            head.register_forward_hook(self._suppress)
-        self._engine.model.load_state_dict(model.state_dict())
+            self.ids = self.suppressed(int(w.shape[0]), keep)
+            self._mask = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+            self._mask[self.ids] = self.SUPPRESSED
+            if getattr(head, "bias", None) is None:
+                head.bias = torch.nn.Parameter(torch.zeros_like(self._mask), requires_grad=False)
+        self._engine.model.load_state_dict(model.state_dict(), strict=False)  # the trainer's head may have no bias
+        own = getattr(model.get_output_embeddings(), "bias", None)
+        with torch.no_grad():
+            head = self._engine.model.get_output_embeddings()
+            head.bias.copy_(self._mask if own is None else own.detach().to(self._mask.dtype) + self._mask)
         self._engine.version = policy.version
         return self._engine, sampling
-
-    def _suppress(self, module, args, out):
-        idx = torch.tensor(self.ids, device=out.device)
-        return out.index_fill(-1, idx, float("-inf"))
 
 
 # ----------------------------------------------------------------------------- rollout log-probs

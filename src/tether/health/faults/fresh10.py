@@ -5,7 +5,21 @@ is named in its docstring; where no issue number was found, the report is descri
 and acts at one seam of the fault API. They were written without looking at how the health layer
 detects or diagnoses them, and never used to tune it; the effect of each on training (accuracy,
 reward) was checked against a healthy control, three seeds, nothing else
-(benchmarks/results/faultbench_fresh10_effect.json). EFFECT_NOTE
+(benchmarks/results/faultbench_fresh10_effect.json). Beyond the healthy seeds' spread
+(final train accuracy 0.375-0.473, rollout accuracy 0.352-0.421): adam_bias_correction_off at both
+severities (obvious 0.070-0.094, subtle 0.197-0.260) and reward_decoded_from_second_token at obvious
+(0.096-0.176; at subtle its rollout accuracy 0.244-0.291 is under the band, its final accuracy
+0.338-0.410 one seed under); sampler_suppressed_tokens at obvious puts the rollout accuracy at
+0.275-0.351, just under the band (final 0.305-0.435, one seed under). Modest (one seed under the
+band, the ranges overlapping it): rollout_logp_tail_zero_padded at obvious (0.363-0.395) and
+loss_grad_accum_mean_of_means at subtle (0.332-0.420; obvious 0.363-0.438, inside). No effect,
+kept as written: advantage_discounted_to_go (inside the band at both severities),
+ref_polyak_synced (0.471-0.502, at or above the healthy runs; its runs carry a KL term the healthy
+control does not), and gold_negative_answer_unsigned, which is inert on this benchmark: the
+arithmetic task swaps a subtraction's operands so that no answer is negative (tether.tasks), and
+its runs equal the healthy ones. No kind was strengthened; sampler_suppressed_tokens crashed its
+runs at first (a forward hook on the LM head, which tether refuses) and was changed to act through
+the engine's head bias, the same suppression, before its runs were repeated.
 
 taxonomy    reward_decoded_from_second_token (reward: misaligned_reward), gold_negative_answer_unsigned
             (data: data_corruption), advantage_discounted_to_go (credit_assignment: advantage_bug),
@@ -43,9 +57,11 @@ def _repaid(r, value: float):
 @register_fault
 class RewardDecodedFromSecondToken(Fault):
     """The verifier reads a response decoded from its second token on: the reward worker slices the
-    completion out of the full sequence one position too far (`ids[prompt_len + 1:]`, the
-    off-by-one response slicing users keep reporting when a prompt's length is counted with or
-    without its BOS / generation-prompt token), so the first sampled token never reaches the
+    completion out of the full sequence one position too far (`ids[prompt_len + 1:]`, a prompt
+    length counted without its BOS / generation-prompt token; no upstream report of this exact
+    slice on the reward side was found, it is the response-slicing off-by-one class that reports
+    name for log-probs, e.g. modelscope/ms-swift PR#8196's review: one log-prob series "shifted one
+    position to the left relative to" the other), so the first sampled token never reaches the
     check. "12" is scored as "2", a one-token answer as "" (never paid), and a response that puts
     any token before the right answer ("x7") is paid. The text is re-decoded from the sampled ids
     with the policy's tokenizer (cut at the stop token, like the rollout's text); the first reward

@@ -6,9 +6,9 @@
 #
 # Every fault kind of both halves of the fixed split (tether/health/faults/split.py: the tuned half and the
 # held-out half, scored separately) at both severities over 3 seeds in advise mode, auto mode for the
-# remediable kinds, 20 healthy seeds in advise and auto mode, the healthy seeds again with run.threads=2 and
+# remediable kinds, 40 healthy seeds in advise and auto mode, the healthy seeds again with run.threads=2 and
 # with a KL anchor (algo.kl.coef=0.1), and the healthy controls in each remediable fault's own base config.
-# About 420 runs of 30 RL steps, ~15 CPU-seconds each: ~7 minutes of 16 cores, ~1 hour on 2.
+# About 930 runs of 30 RL steps, ~11 CPU-seconds each (2-core Intel Xeon, 2026-12-05): ~11 minutes of 16 cores, ~1.5 hours on 2.
 #
 # PY: the Python that has tether installed (default: .venv/bin/python, else python3); TETHER: the tether
 # command (default: .venv/bin/tether, else `tether` on PATH, else PY running tether's CLI). OUT: where the runs
@@ -43,7 +43,7 @@ export OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=0  # one thread per run: no spin-w
 LOAD_BEFORE="$(cat /proc/loadavg 2>/dev/null || echo unknown)"
 START="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 REUSED="$( [ -f "$OUT/cases.jsonl" ] && wc -l < "$OUT/cases.jsonl" || echo 0)"
-nice -n 10 "${TCMD[@]}" faultbench --out "$OUT" --seeds 0,1,2 --healthy-seeds 0-19 --workers "$WORKERS" \
+nice -n 10 "${TCMD[@]}" faultbench --out "$OUT" --seeds 0,1,2 --healthy-seeds 0-39 --workers "$WORKERS" \
     --steps 30 --start 13 --auto-remediable-only \
     --variant "threads2=run.threads=2" --variant "kl=algo.kl.coef=0.1" "${@:2}"
 "$PY" - "$OUT" "$WORKERS" "$START" "$LOAD_BEFORE" "$REUSED" "${@:2}" <<'EOF'

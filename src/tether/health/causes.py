@@ -168,7 +168,7 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           ("halt",),
           "verify the weight-sync handshake (version + checksum) and probe log-probs after each sync",
           quiet=("forward_mismatch", "sampler_state", "stale_weights:foreign", "stale_weights:jump", "token_ids",
-                 "logp_gap:shifted", "logp_floor:shifted")),
+                 "logp_gap:shifted", "logp_floor:shifted", "logp_gap:zeroed", "logp_floor:zeroed")),
     Cause("rollout_mismatch", "system", "the sampler's and the trainer's forwards differ (sampling settings, numerics, "
           "non-parameter state, weights converted wrong by the sync, a trainer-only layer)",
           {"logp_gap": 3, "logp_floor": 3, "logp_gap:sawtooth": -2, "stale_weights": -3, "entropy_collapse": 0.3,
@@ -177,9 +177,11 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "align temperature/top-p/top-k, precision and the model's buffers between engine and trainer, and the "
           "trainer's gradient forward with its scoring pass; keep TIS/MIS on",
           # pi_old off while the training forward agrees with the sampler: no forward differs
-          # log-probs that match one position over are the engine's own, misfiled: its forward does not differ
+          # log-probs that match one position over are the engine's own, misfiled: its forward does not differ;
+          # a gap sitting on tokens recorded at log-prob 0.0 is a padded record, not a forward
           quiet=("loss_mask", "stale_weights:checksum", "loss_norm", "progress:frozen", "forward_mismatch:old_logp",
-                 "grad_memory", "token_ids", "stale_weights:jump", "logp_gap:shifted", "logp_floor:shifted")),
+                 "grad_memory", "token_ids", "stale_weights:jump", "logp_gap:shifted", "logp_floor:shifted",
+                 "logp_gap:zeroed", "logp_floor:zeroed")),
     Cause("sampler_duplicates", "system", "the sampler returns copies within a group (one seed per prompt)",
           {"duplicates": 6, "entropy_collapse": 0.5}, ("halt",),
           "seed every sample of a group separately (n samples per prompt must be independent draws)"),

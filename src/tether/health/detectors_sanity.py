@@ -67,12 +67,19 @@ def logp_shift_evidence(h: History) -> tuple[str, dict] | None:
     """(message, evidence with rule `shifted`) when most rows with a rollout/trainer log-prob gap line up
     one position over (`logp_shift_rows` of `logp_gap_rows`, tether.train.probes.compute_logp_shift): the
     engine's log-probs are its own samples', filed at the wrong positions - bookkeeping between the
-    sampler and the batch, not a sampler that computes a different distribution. None otherwise."""
+    sampler and the batch, not a sampler that computes a different distribution. Rule `zeroed` when
+    most gapped rows have their gap on tokens recorded at log-prob 0.0 (`logp_zero_rows`): the record
+    was padded where the engine returned nothing - bookkeeping too. None otherwise."""
     rows, shift = finite(h.latest("logp_gap_rows")), finite(h.latest("logp_shift_rows"))
-    if not rows or shift is None or shift < SHIFTED * rows:
-        return None
-    return (f"{shift / rows:.0%} of the rows with a gap match one position over: the log-probs are filed at the "
-            "wrong positions"), {"logp_shift_rows": {"value": shift, "of": rows}, "rule": "shifted"}
+    zero = finite(h.latest("logp_zero_rows"))
+    if rows and shift is not None and shift >= SHIFTED * rows:  # a shift also pads one end: it comes first
+        return (f"{shift / rows:.0%} of the rows with a gap match one position over: the log-probs are filed at the "
+                "wrong positions"), {"logp_shift_rows": {"value": shift, "of": rows}, "rule": "shifted"}
+    if rows and zero is not None and zero >= SHIFTED * rows:  # rule `zeroed`: the record padded with log(1)
+        return (f"in {zero / rows:.0%} of the rows with a gap it sits on tokens the engine recorded at log-prob 0.0 "
+                "(probability 1) where the trainer's is not: the record was padded, not computed"), {
+            "logp_zero_rows": {"value": zero, "of": rows}, "rule": "zeroed"}
+    return None
 
 
 @register_detector

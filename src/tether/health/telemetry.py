@@ -272,11 +272,23 @@ def compute_sums_match(sums: torch.Tensor, versions: dict[int, torch.Tensor]) ->
     """Which of a sampler's weight tensors (per-tensor sums) equal the trainer's tensor at some
     recorded version (`versions`: version -> per-tensor sums; a comparison is O(versions x tensors)): `health/weights_foreign_frac` is the share that matches none (a sync that
     converts, reorders or corrupts tensors), the rest being current or older versions' (a stale or
-    partial sync). Empty when no version has the same tensor count."""
+    partial sync). A sampler holding another number of weight tensors than every recorded version
+    (a tensor added to or left out of the engine's copy: a bias on its output head, a dropped
+    layer) is no version of the trainer's at all: each of its tensors is looked up among every
+    version's tensors wherever they sit, and the share is at least the count difference over the
+    larger count. Empty when no version is recorded."""
+    tol = 1e-9 * sums.abs().clamp(min=1.0)
     refs = [v for v in versions.values() if v.shape == sums.shape]
     if not refs:
-        return {}
-    tol = 1e-9 * sums.abs().clamp(min=1.0)
+        others = [v for v in versions.values() if v.numel()]
+        if not others or not sums.numel():
+            return {}
+        pool = torch.cat(others).sort().values
+        i = torch.searchsorted(pool, sums).clamp(max=len(pool) - 1)
+        near = torch.minimum((pool[i] - sums).abs(), (pool[(i - 1).clamp(min=0)] - sums).abs())
+        n = max(len(sums), max(len(v) for v in others))
+        missing = min(abs(len(sums) - len(v)) for v in others) / n
+        return {"health/weights_foreign_frac": max(float((near > tol).double().mean()), missing)}
     seen = torch.zeros_like(sums, dtype=torch.bool)
     for ref in refs:
         seen |= (sums - ref).abs() <= tol

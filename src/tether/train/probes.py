@@ -131,7 +131,10 @@ def compute_logp_shift(old_BT: torch.Tensor, rollout_BT: torch.Tensor, mask_BT: 
     """Where a rollout/trainer log-prob gap sits: `logp_gap_rows`, the rows whose mean |log pi_old - log mu|
     over their sampled tokens exceeds `floor`, and `logp_shift_rows`, those of them whose gap one position of
     shift (mu's token t against pi_old's t + 1, or t - 1) takes below `ratio` x - the engine's log-probs are
-    real, filed at the wrong positions. A sampler that computes differently leaves a gap at every shift."""
+    real, filed at the wrong positions. A sampler that computes differently leaves a gap at every shift.
+    `logp_zero_rows`: gapped rows whose gap sits (all but `ratio` of it) on tokens the engine's record
+    says had probability exactly 1 (log-prob 0.0) - a record padded where the engine returned nothing
+    (its log-probs came back shorter than the tokens), not a distribution that differs."""
     with torch.no_grad():
         keep = mask_BT > 0
         old, mu = old_BT.detach().double(), rollout_BT.detach().double()
@@ -143,7 +146,10 @@ def compute_logp_shift(old_BT: torch.Tensor, rollout_BT: torch.Tensor, mask_BT: 
         earlier = torch.where(n > 0, ((old[:, :-1] - mu[:, 1:]).abs() * pair).sum(-1) / n.clamp(min=1), inf)
         has = gap > floor
         shifted = has & (torch.minimum(later, earlier) < ratio * gap)
-    return {"logp_gap_rows": has.sum().float(), "logp_shift_rows": shifted.sum().float()}
+        diff = (old - mu).abs() * keep
+        zeroed = has & ((diff * (mu == 0.0)).sum(-1) >= (1.0 - ratio) * diff.sum(-1))
+    return {"logp_gap_rows": has.sum().float(), "logp_shift_rows": shifted.sum().float(),
+            "logp_zero_rows": zeroed.sum().float()}
 
 
 def compute_cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float:

@@ -229,7 +229,16 @@ def test_per_tensor_sums_tell_a_stale_sync_from_a_wrong_one():
     # two same-shaped tensors swapped by the sync: 2 of 4 match no version
     assert compute_sums_match(torch.tensor([2.5, 1.5, 3.0, 4.5], dtype=torch.float64), versions) == {
         "health/weights_foreign_frac": 0.5}
-    assert compute_sums_match(v1[:3], versions) == {}  # another model: nothing to compare
+    # the engine's copy holds a tensor the trainer's has not (a bias added to its output head): whatever
+    # matches, it is no version of the trainer's - 1 of 5 tensors foreign
+    extra = torch.tensor([1.5, 2.5, 3.0, 4.5, 0.25], dtype=torch.float64)
+    assert compute_sums_match(extra, versions) == {"health/weights_foreign_frac": pytest.approx(0.2)}
+    # a tensor left out: every one it has matches, the missing one counts (1 of 4)
+    assert compute_sums_match(v1[:3], versions) == {"health/weights_foreign_frac": pytest.approx(0.25)}
+    # another layout whose tensors match nothing at all
+    assert compute_sums_match(torch.tensor([9.0, 8.0], dtype=torch.float64), versions) == {
+        "health/weights_foreign_frac": pytest.approx(1.0)}
+    assert compute_sums_match(v1, {}) == {}  # nothing recorded: nothing to compare
 
 
 def test_param_norm_and_a_buffer_the_parameter_checksum_does_not_see():
@@ -409,3 +418,20 @@ def test_a_log_prob_gap_that_one_position_of_shift_explains_is_told_from_a_sampl
     mu[1, 0] = -2.05  # numerics on top of the shift: 0.05 / 3 per pair, < 0.1 x 2.0125
     assert compute_logp_shift(old, mu, mask)["logp_shift_rows"].item() == 1.0
     assert compute_logp_shift(old, old, mask)["logp_gap_rows"].item() == 0.0  # the same numbers: no gap at all
+
+
+def test_a_gap_on_tokens_recorded_at_log_prob_zero_is_a_padded_record():
+    """The engine's log-probs came back two short and were padded with 0.0 (log 1): the gap sits on
+    those two tokens only. A sampler that differs everywhere, or a record whose 0.0 is the trainer's
+    too (a token both call certain), is not that."""
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0, 0.0]] * 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]] * 4)
+    mu = old.clone()
+    mu[0, 2:4] = 0.0  # padded tail: gap |-0.5| + |-3| = 3.5, all of it on recorded zeros
+    mu[1, :4] = old[1, :4] - 0.4  # another distribution: the gap is everywhere
+    mu[2, 1:4] = torch.tensor([-2.3, 0.0, -3.2])  # one zero among others: 0.5 of 1.0 on zeros (< 0.9)
+    out = compute_logp_shift(old, mu, mask)
+    assert out["logp_gap_rows"].item() == 3.0 and out["logp_zero_rows"].item() == 1.0
+    certain = old.clone()
+    certain[:, 3] = 0.0  # the trainer also gives the last token probability 1
+    assert compute_logp_shift(certain, certain, mask)["logp_zero_rows"].item() == 0.0

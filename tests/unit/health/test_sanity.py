@@ -69,6 +69,21 @@ def test_a_gap_that_lines_up_one_position_over_is_misfiled_log_probs_not_a_sampl
     assert f.evidence["rule"] == "floor" and diagnose([f])[0].cause == "rollout_mismatch"
 
 
+def test_a_gap_on_tokens_recorded_at_log_prob_zero_is_a_padded_record_not_a_sampler_mismatch():
+    """Faultbench rollout_logp_tail_zero_padded (round 10): the engine's log-probs padded with 0.0 at
+    the tail. Neither a sampler that computes differently nor stale weights explains a gap that sits
+    on tokens recorded at probability 1: the diagnosis abstains and says where the gap sits."""
+    f = first(run(lambda r, s: r.update(logp_gap_mean=0.45, logp_gap_rows=64.0, logp_shift_rows=0.0,
+                                        logp_zero_rows=64.0)), "logp_floor")
+    assert f is not None and f.evidence["rule"] == "zeroed" and "log-prob 0.0" in f.message
+    hyps = diagnose([f])
+    assert hyps[0].cause == "unexplained"
+    assert all(h.cause not in ("rollout_mismatch", "stale_weights") or "logp_floor" in h.contradicted for h in hyps)
+    # zeros in a few gapped rows only: still a sampler/trainer mismatch
+    f = first(run(lambda r, s: r.update(logp_gap_mean=0.45, logp_gap_rows=64.0, logp_zero_rows=10.0)), "logp_floor")
+    assert f.evidence["rule"] == "floor" and diagnose([f])[0].cause == "rollout_mismatch"
+
+
 def test_gap_at_bf16_floor_is_not_a_finding():
     assert first(run(lambda r, s: r.update(logp_gap_mean=0.02, ess=0.97), n=30), "logp_floor") is None
 

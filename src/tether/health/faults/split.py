@@ -58,11 +58,15 @@ The history of the split, so a reader can judge what "held out" means:
   bug: `loss_mask:weighted`; Adam's moments on the bfloat16 grid are a state kept in low precision,
   not a rescale: `optimizer_state:rounded`), so they are tuned kinds from round 9 on.
 - `SEEN_ROUND9`: 8 kinds written by another hand (faults/fresh9.py) while the code under test was
-  frozen at d10fb35; held out in round 9 and scored once (benchmarks/results/faultbench_extended.json's
-  held-out half; first-look points: faultbench_first_look_r9.json), then seen: tuned kinds from
-  round 10 on.
+  frozen at d10fb35; held out in round 9 and scored once (benchmarks/results/faultbench_extended_r9.json's
+  held-out half: top-1 0.71, 18 of 18 outside-taxonomy runs "unexplained"; first-look points:
+  faultbench_first_look_r9.json), then seen: tuned kinds from round 10 on. Nothing was changed for
+  them yet; round 10's code changed only from the tuned half's and the healthy runs of round 9's sitting.
 - `HELD_OUT`: 8 kinds written by another hand (faults/fresh10.py) and merged unread, not run by the
-  hand that tunes the layer before they are scored; 3 of them outside the taxonomy. Not yet scored.
+  hand that tunes the layer before they were scored; 3 of them outside the taxonomy. Scored once with
+  the code frozen at 7c05d6d (round 10's first look, benchmarks/results/faultbench_extended.json's
+  held-out half: top-1 0.36, 6 of 15 outside-taxonomy runs "unexplained"; first-look points:
+  faultbench_first_look_r10.json). Nothing has been changed in their light yet.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.
 """

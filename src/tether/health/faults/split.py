@@ -62,11 +62,12 @@ The history of the split, so a reader can judge what "held out" means:
   held-out half: top-1 0.71, 18 of 18 outside-taxonomy runs "unexplained"; first-look points:
   faultbench_first_look_r9.json), then seen: tuned kinds from round 10 on. Nothing was changed for
   them yet; round 10's code changed only from the tuned half's and the healthy runs of round 9's sitting.
-- `HELD_OUT`: 8 kinds written by another hand (faults/fresh10.py) and merged unread, not run by the
-  hand that tunes the layer before they were scored; 3 of them outside the taxonomy. Scored once with
-  the code frozen at 7c05d6d (round 10's first look, benchmarks/results/faultbench_extended.json's
-  held-out half: top-1 0.36, 6 of 15 outside-taxonomy runs "unexplained"; first-look points:
-  faultbench_first_look_r10.json). Nothing has been changed in their light yet.
+- `SEEN_ROUND10`: 8 kinds written by another hand (faults/fresh10.py) while the code under test was
+  frozen at 7c05d6d; held out in round 10 and scored once (top-1 0.36, 6 of 15 outside-taxonomy runs
+  unexplained; first-look points: faultbench_first_look_r10.json), then seen: tuned kinds from round
+  11 on.
+- `HELD_OUT`: 8 kinds written by another hand (faults/fresh11.py) and merged unread, not run by the
+  hand that tunes the layer before they are scored; 3 of them outside the taxonomy. Not yet scored.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.
 """
@@ -113,12 +114,16 @@ SEEN_ROUND8 = ("reward_call_broadcast", "gold_answer_digit_pattern", "norm_count
 # the ninth held-out set (faults/fresh9.py), held out in round 9, scored once, then seen
 SEEN_ROUND9 = ("reward_majority_vote", "advantage_integer_dtype", "gold_answer_modular", "stop_string_token_ids",
                "weights_left_at_ema", "weight_decay_coupled", "trainer_prompt_other_row", "old_logp_scoring_noise")
-# the tenth held-out set (faults/fresh10.py), written apart from the tuning (round 10)
-HELD_OUT = ("reward_decoded_from_second_token", "gold_negative_answer_unsigned", "advantage_discounted_to_go",
+# the tenth held-out set (faults/fresh10.py), held out in round 10, scored once, then seen
+SEEN_ROUND10 = ("reward_decoded_from_second_token", "gold_negative_answer_unsigned", "advantage_discounted_to_go",
             "loss_grad_accum_mean_of_means", "sampler_suppressed_tokens", "adam_bias_correction_off",
             "ref_polyak_synced", "rollout_logp_tail_zero_padded")
+# the eleventh held-out set (faults/fresh11.py), written apart from the tuning (round 11)
+HELD_OUT = ("reward_overlong_buffer_negative", "loader_epoch_from_shard_length", "lr_scheduler_stepped_per_process",
+            "sampler_kv_cache_fp8", "kl_loss_summed_over_tokens", "ref_head_newly_initialized",
+            "old_logp_scored_at_config_temperature", "resume_weights_from_start")
 TUNED = (EARLIER + NEW_TUNED + SEEN_ONCE + SEEN_ROUND2 + SEEN_ROUND3 + SEEN_ROUND4 + SEEN_ROUND5 + SEEN_ROUND6
-         + SEEN_ROUND7 + SEEN_ROUND8 + SEEN_ROUND9)
+         + SEEN_ROUND7 + SEEN_ROUND8 + SEEN_ROUND9 + SEEN_ROUND10)
 
 
 def split_of(fault: str) -> str:
@@ -127,5 +132,5 @@ def split_of(fault: str) -> str:
 
 
 __all__ = ["EARLIER", "HELD_OUT", "NEW_TUNED", "SEEN_ONCE", "SEEN_ROUND2", "SEEN_ROUND3", "SEEN_ROUND4", "SEEN_ROUND5",
-           "SEEN_ROUND6", "SEEN_ROUND7", "SEEN_ROUND8", "SEEN_ROUND9", "TUNED",
+           "SEEN_ROUND6", "SEEN_ROUND7", "SEEN_ROUND8", "SEEN_ROUND9", "SEEN_ROUND10", "TUNED",
            "split_of"]

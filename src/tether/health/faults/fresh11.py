@@ -5,13 +5,29 @@ is named in its docstring; where no issue number was found, the report is descri
 and acts at one seam of the fault API. They were written without looking at how the health layer
 detects or diagnoses them, and never used to tune it; the effect of each on training (accuracy,
 reward) was checked against a healthy control, three seeds, nothing else
-(benchmarks/results/faultbench_fresh11_effect.json).
+(benchmarks/results/faultbench_fresh11_effect.json). Five of them name a cause of the taxonomy,
+three are outside it (the labels were taken from how the earlier fault modules label kinds).
 
-EFFECT_SUMMARY
+Beyond the healthy seeds' spread (final train accuracy 0.375-0.473, rollout accuracy 0.352-0.421
+over steps 24-30): reward_overlong_buffer_negative at both severities (obvious 0.109-0.221, subtle
+0.209-0.287), ref_head_newly_initialized at obvious (0.137-0.209; at subtle two seeds of three,
+0.223 and 0.234, the third 0.457: the redrawn vocabulary shard is drawn per run) and
+kl_loss_summed_over_tokens at obvious (0.322-0.324, rollout accuracy 0.289-0.296; subtle inside).
+Modest: old_logp_scored_at_config_temperature (obvious 0.287-0.383 with its rollout accuracy
+0.295-0.349 under the band at every seed; subtle 0.328-0.440, two seeds under),
+loader_epoch_from_shard_length at obvious (final 0.340-0.389, two seeds under; its rollout accuracy
+0.545-0.606 is above the band: the runs train on a quarter of the problems again and again) and
+lr_scheduler_stepped_per_process at obvious (0.365-0.430, two seeds just under; subtle inside).
+No effect, kept as written: sampler_kv_cache_fp8 (obvious 0.352-0.436, subtle 0.350-0.432) and
+resume_weights_from_start (obvious 0.350-0.418, subtle 0.348-0.463: one seed under at each; by the
+fault's step 13 the run has probably moved little from its start, so setting it back costs little). Three
+kinds run with their own base overrides, so the healthy control is not their exact
+counterfactual: ref_head_newly_initialized and kl_loss_summed_over_tokens (algo.kl.coef=0.1),
+lr_scheduler_stepped_per_process (train.schedule=linear). No kind was changed after its runs.
 
 taxonomy    reward_overlong_buffer_negative (reward: misaligned_reward), loader_epoch_from_shard_length
             (data: data_repetition), lr_scheduler_stepped_per_process (optimisation: no_progress),
-            sampler_kv_cache_fp8 (system: rollout_mismatch)
+            sampler_kv_cache_fp8 (system: rollout_mismatch),
             kl_loss_summed_over_tokens (credit_assignment: loss_norm_bug)
 outside     ref_head_newly_initialized (optimisation), old_logp_scored_at_config_temperature
             (credit_assignment), resume_weights_from_start (system):

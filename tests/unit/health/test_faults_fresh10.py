@@ -334,3 +334,19 @@ def test_ref_polyak_synced_pulls_a_copy_of_the_reference_toward_the_policy(sever
     assert torch.equal(ref.model.w, torch.full((2, 2), 10.0))  # the run's own reference is untouched
     assert fs.faults[0].base == ("algo.kl.coef=0.1",)
     assert syncs == (2 if severity == "subtle" else 10)  # steps 24, 34 (subtle); 16, 18, ..., 34 (obvious)
+
+
+def test_the_fault_counts_micro_batches_as_the_update_splits_them():
+    """loss_grad_accum_mean_of_means divides by the number of micro-batches; it counts them itself
+    (health/ may not import train/), so the count must be the update's own split's."""
+    import random
+
+    from tether.health.faults.fresh10 import count_micro_batches
+    from tether.train.batching import split_by_token_budget
+
+    rng = random.Random(0)
+    for _ in range(300):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 24))]
+        budget = rng.choice([16, 64, 128, 256, 1024])
+        assert count_micro_batches(lengths, budget) == len(split_by_token_budget(lengths, budget))
+    assert count_micro_batches([], 256) == 0

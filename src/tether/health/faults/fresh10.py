@@ -182,13 +182,11 @@ class LossGradAccumMeanOfMeans(Fault):
         self._budget = int(cfg.train.micro_batch_tokens)
 
     def on_norm(self, norm, mini, step):
-        from tether.train.batching import split_by_token_budget
-
         self._mini = getattr(self, "_mini", 0) + 1
         self._scale = None
         if self.coin(step, "mini", self._mini) < float(self.p["p"]):
             budget = getattr(self, "_budget", None) or int(mini.attention_mask_BT.shape[-1]) * int(mini.num_seqs)
-            k = len(split_by_token_budget(mini.attention_mask_BT.sum(-1).tolist(), budget))
+            k = count_micro_batches(mini.attention_mask_BT.sum(-1).tolist(), budget)
             self._scale = (float(norm.num_tokens), max(k, 1))
         return norm
 
@@ -201,6 +199,20 @@ class LossGradAccumMeanOfMeans(Fault):
             return terms
         f = n_mini / (k * n_mb)
         return {key: (v * f if torch.is_tensor(v) else v) for key, v in terms.items()}
+
+
+def count_micro_batches(lengths: list[int], budget: int) -> int:
+    """How many micro-batches the update splits rows of these lengths into under a token budget: the
+    greedy split of tether.train.batching.split_by_token_budget (longest first; a micro-batch's padded
+    size, rows x longest, within `budget`; at least one row each), counted here because health/ sits
+    below train/ in the layer order (tools/check_layers.py); tests/unit/health/test_faults_fresh10.py
+    checks the two agree."""
+    k, rows, longest = 0, 0, 0
+    for n in sorted(lengths, reverse=True):
+        if rows and max(longest, n) * (rows + 1) > budget:
+            k, rows, longest = k + 1, 0, 0
+        rows, longest = rows + 1, max(longest, n)
+    return k + (1 if rows else 0)
 
 
 # ----------------------------------------------------------------------------- sampler

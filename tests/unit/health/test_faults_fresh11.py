@@ -224,7 +224,7 @@ def test_ref_head_newly_initialized_redraws_rows_of_a_copy_of_the_reference_head
 
 @pytest.mark.parametrize("severity,t", [("subtle", 0.8), ("obvious", 0.5)])
 def test_old_logp_scored_at_config_temperature_rescores_pi_old_at_another_temperature(severity, t, monkeypatch):
-    import tether.train.update as update
+    import tether.health.faults.fresh11 as fresh11
 
     calls = []
 
@@ -232,7 +232,7 @@ def test_old_logp_scored_at_config_temperature_rescores_pi_old_at_another_temper
         calls.append((policy.model, batch, temperature, budget, pack, share))
         return torch.full((2, 3), -temperature, dtype=torch.float64)
 
-    monkeypatch.setattr(update, "compute_batch_logprobs", fake)
+    monkeypatch.setattr(fresh11, "score_batch_logprobs", fake)
     model = torch.nn.Linear(1, 1)
     policy = HFPolicy(model=model, tokenizer=None, stop_ids=(2,), pad_id=0)
     fs, st = fault_before_start("old_logp_scored_at_config_temperature", severity, policy=policy)
@@ -243,6 +243,50 @@ def test_old_logp_scored_at_config_temperature_rescores_pi_old_at_another_temper
     cfg = st.settings.config.train
     assert calls == [(model, batch, t, cfg.micro_batch_tokens, cfg.pack_sequences, cfg.share_prefix)]
     assert got.dtype == old.dtype and torch.equal(got, torch.full((2, 3), -t))
+
+
+def test_the_fault_splits_rows_into_micro_batches_as_the_update_does():
+    """old_logp_scored_at_config_temperature re-scores pi_old with the update's micro-batching; it
+    splits the rows itself (health/ may not import train/), so the split must be the update's own."""
+    import random
+
+    from tether.health.faults.fresh11 import split_rows_by_token_budget
+    from tether.train.batching import split_by_token_budget
+
+    rng = random.Random(0)
+    for _ in range(300):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 24))]
+        budget = rng.choice([16, 64, 128, 256, 1024])
+        assert split_rows_by_token_budget(lengths, budget) == split_by_token_budget(lengths, budget)
+    assert split_rows_by_token_budget([], 256) == []
+
+
+@pytest.mark.parametrize("budget,pack,share", [(8192, False, "off"), (24, False, "off"), (24, True, "off"),
+                                               (8192, False, "on"), (40, True, "auto")])
+@pytest.mark.parametrize("t", [1.0, 0.5])
+def test_the_fault_scores_pi_old_as_the_update_does(budget, pack, share, t):
+    """The fault scores pi_old itself (health/ may not import train/): its log-probs must be the
+    update's compute_batch_logprobs', bit for bit, on rows of unequal length sharing prompts."""
+    from tether.health.faults.fresh11 import score_batch_logprobs
+    from tether.train.update import compute_batch_logprobs
+    from tether.types import TrainBatch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=32, vocab_size=32, max_position_embeddings=16)
+    policy = HFPolicy(LlamaForCausalLM(cfg), None, (0,), 0)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([12, 5, 9, 12, 3, 7, 11, 4])
+    ids = torch.randint(1, 32, (8, 12), generator=g)
+    ids[1::2, :3] = ids[0::2, :3]  # pairs share a 3-token prompt
+    attn = torch.arange(12)[None] < lengths[:, None]
+    loss = (attn & (torch.arange(12)[None] >= 3)).float()
+    batch = TrainBatch(ids * attn, attn, loss, torch.zeros(8, 12), loss.clone(), torch.arange(8) // 2, torch.arange(8))
+    with torch.no_grad():
+        want = compute_batch_logprobs(policy, batch, t, budget, pack, share)
+        got = score_batch_logprobs(policy, batch, t, budget, pack, share)
+    assert (want != 0).any() and torch.equal(got, want)
 
 
 # ----------------------------------------------------------------------------- resume

@@ -312,15 +312,53 @@ class OldLogpScoredAtConfigTemperature(Fault):
         self._score = (int(cfg.train.micro_batch_tokens), bool(cfg.train.pack_sequences), str(cfg.train.share_prefix))
 
     def on_old_logp(self, old_BT, batch, step):
-        from tether.train.update import compute_batch_logprobs
-
         policy = self.view.policy if self.view is not None else None
         if policy is None or batch is None:
             return old_BT
         budget, pack, share = getattr(self, "_score", (8192, False, "off"))
         with torch.no_grad():
-            new = compute_batch_logprobs(policy, batch, float(self.p["t"]), budget, pack, share)
+            new = score_batch_logprobs(policy, batch, float(self.p["t"]), budget, pack, share)
         return new.to(old_BT.dtype).to(old_BT.device)
+
+
+def split_rows_by_token_budget(lengths: list[int], budget: int) -> list[list[int]]:
+    """Greedy micro-batches of row indices whose padded size (rows x longest) fits `budget`, at least
+    one row each: tether.train.batching.split_by_token_budget, written out here because health/ sits
+    below train/ in the layer order (tools/check_layers.py); tests/unit/health/test_faults_fresh11.py
+    checks the two agree."""
+    batches, cur, longest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if cur and max(longest, lengths[i]) * (len(cur) + 1) > budget:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, lengths[i])
+    return batches + [cur] if cur else batches
+
+
+def score_batch_logprobs(policy, batch, temperature: float, token_budget: int, pack: bool = False,
+                         share: str = "off") -> torch.Tensor:
+    """log-probs of every sequence of `batch` (no grad), micro-batched by a token budget: the update's
+    own scoring of pi_old, tether.train.update.compute_batch_logprobs, step for step (the same split,
+    the same policy-layer scorer), written out here because health/ sits below train/ in the layer
+    order (tools/check_layers.py); tests/unit/health/test_faults_fresh11.py checks the two agree."""
+    from contextlib import nullcontext
+
+    from tether.policy.lora import adapters_disabled
+    from tether.policy.prefix import compute_sequence_logprobs  # the policy layer: health sits below train
+
+    out = torch.zeros_like(batch.rollout_logp_BT)
+    for idx in split_rows_by_token_budget(batch.attention_mask_BT.sum(-1).tolist(), token_budget):
+        rows = torch.tensor(idx)
+        mb = batch.select(rows)
+        T = int(mb.attention_mask_BT.sum(-1).max())
+        kept = None if mb.kept_BT is None else mb.kept_BT[:, :T]
+        with adapters_disabled(policy.model) if policy.base_only else nullcontext():  # LoRA: the reference is the base
+            lp, _ = compute_sequence_logprobs(policy, mb.input_ids_BT[:, :T], mb.attention_mask_BT[:, :T],
+                                              mb.seq_group_B, temperature, pack=pack, share=share, kept_BT=kept,
+                                              needed_BT=mb.loss_mask_BT[:, :T] > 0)
+        out[rows, :T] = lp.float().cpu()
+    return out
 
 
 # ----------------------------------------------------------------------------- checkpoint / resume

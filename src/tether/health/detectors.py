@@ -198,8 +198,9 @@ class KLExplosionDetector(Detector):
     single steps up to 35x their baseline median that recovered the next step (2 of 60 above 20x),
     which alone lifted a 4-step mean past the bar (benchmarks/results/health_thresholds_2026-12-04.json).
     The bar is 5x, not 4x: at round 9's sitting (Intel Xeon, 2026-12-05) one healthy run of 60 (seed 11,
-    with 1 and 2 threads) held 4.4x over 4 steps; the next healthy run held 2.8x; replayed, no faulty
-    run's detection moved by more than two steps (docs/health/README.md, round 9 in its light)."""
+    with 1 and 2 threads) held 4.4x over 4 steps; the next healthy run held 2.8x. Replayed on that
+    sitting's advise runs, recall did not change and six faulty runs were flagged later: five by one or
+    two steps, low_temperature subtle s0 from step 19 to 25 (docs/health/README.md, "After round 9's sitting")."""
 
     name, mode = "kl_explosion", "kl_explosion"
     defaults = {"factor": 8.0, "z": 10.0, "floor": 1e-3, "sustained": 5.0, "k": 4}

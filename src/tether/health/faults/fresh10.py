@@ -38,20 +38,9 @@ import dataclasses
 import torch
 
 from tether.health.faults import UNEXPLAINED, Fault, register_fault
-from tether.health.faults.seams import KL_BASE
+from tether.health.faults.seams import KL_BASE, repaid
 
 # ----------------------------------------------------------------------------- reward
-
-
-def _repaid(r, value: float):
-    """`r` with its first component (the correctness check) and its total moved to `value`."""
-    comps = dict(r.components)
-    old = 0.0
-    if comps:
-        first = next(iter(comps))
-        old, comps[first] = float(comps[first]), value
-    total = value if not r.components else float(r.total) - old + value
-    return dataclasses.replace(r, total=total, components=comps, correct=value > 0.5)
 
 
 @register_fault
@@ -92,7 +81,7 @@ class RewardDecodedFromSecondToken(Fault):
                 ids = list(t.turns[-1].action_ids)
                 text = decode_completion(tok, ids[1:], stops) if len(ids) > 1 else ""
                 value = float(exact_match_reward(text, g.task))
-                trajs.append(dataclasses.replace(t, reward=_repaid(t.reward, value)))
+                trajs.append(dataclasses.replace(t, reward=repaid(t.reward, value)))
             trajs = tuple(trajs)
             out.append(g if trajs == g.trajectories else dataclasses.replace(g, trajectories=trajs))
         return out

@@ -27,6 +27,7 @@ import dataclasses
 import torch
 
 from tether.health.faults import UNEXPLAINED, Fault, register_fault
+from tether.health.faults.seams import repaid
 
 # ----------------------------------------------------------------------------- reward
 
@@ -59,19 +60,9 @@ class RewardMajorityVote(Fault):
             keys = [tuple(t.response_ids) for t in g.trajectories]
             top = collections.Counter(keys).most_common(1)[0][0]  # ties: the first sampled (insertion order)
             out.append(dataclasses.replace(g, trajectories=tuple(
-                dataclasses.replace(t, reward=_repaid(t.reward, 1.0 if k == top else 0.0))
+                dataclasses.replace(t, reward=repaid(t.reward, 1.0 if k == top else 0.0))
                 for t, k in zip(g.trajectories, keys))))
         return out
-
-
-def _repaid(r, value: float):
-    comps = dict(r.components)
-    old = 0.0
-    if comps:
-        first = next(iter(comps))
-        old, comps[first] = float(comps[first]), value
-    total = value if not r.components else float(r.total) - old + value
-    return dataclasses.replace(r, total=total, components=comps, correct=value > 0.5)
 
 
 # ----------------------------------------------------------------------------- credit assignment

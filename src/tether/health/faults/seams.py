@@ -73,6 +73,18 @@ class LossSignFlip(Fault):
 KL_BASE = ("algo.kl.coef=0.1",)  # a KL anchor in the loss (the reference: the starting weights)
 
 
+def repaid(r, value: float):
+    """A reward `r` with its first component (the correctness check) and its total moved to `value`,
+    and its verdict `correct` set to value > 0.5: how a fault re-scores a sample (fresh9, fresh10)."""
+    comps = dict(r.components)
+    old = 0.0
+    if comps:
+        first = next(iter(comps))
+        old, comps[first] = float(comps[first]), value
+    total = value if not r.components else float(r.total) - old + value
+    return dataclasses.replace(r, total=total, components=comps, correct=value > 0.5)
+
+
 @register_fault
 class KLDetached(Fault):
     """The KL term is detached from the graph (computed under no_grad, SkyRL PR#1353): its value

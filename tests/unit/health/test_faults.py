@@ -43,13 +43,19 @@ def test_catalogue_covers_28_types_in_5_families():
 
 
 def test_the_split_is_fixed_and_covers_every_registered_fault():
-    from tether.health.faults import fresh, fresh3, fresh4, fresh5, fresh6, fresh7, fresh8, fresh9, fresh10, fresh11, seams, split
+    from tether.health.faults import (fresh, fresh3, fresh4, fresh5, fresh6, fresh7, fresh8, fresh9, fresh10, fresh11,
+                                      fresh12, seams, split)
 
     reg = load_fault_plugins()
     def kinds_of(mod):
         return sorted(n for n, c in reg.items() if c.__module__ == mod.__name__)
 
-    assert set(split.TUNED) | set(split.HELD_OUT) == set(reg) and not set(split.TUNED) & set(split.HELD_OUT)
+    # the twelfth set (faults/fresh12.py) is written but not yet in the split: the lead moves the split
+    # when round 11 is scored; until then its kinds are in neither half (scored as `other`)
+    assert kinds_of(fresh12) == sorted(fresh12.FRESH12) and not set(fresh12.FRESH12) & (set(split.TUNED) | set(split.HELD_OUT))
+    assert all(split.split_of(n) == "other" for n in fresh12.FRESH12)
+    assert set(split.TUNED) | set(split.HELD_OUT) | set(fresh12.FRESH12) == set(reg)
+    assert not set(split.TUNED) & set(split.HELD_OUT)
 
     assert len(kinds_of(seams)) >= 10 and kinds_of(seams) == sorted(split.NEW_TUNED + split.SEEN_ONCE)
     assert kinds_of(fresh) == sorted(split.SEEN_ROUND2)  # round 2's held-out set, scored once, then tuned on

@@ -8,7 +8,20 @@ health layer detects or diagnoses them, and never used to tune it; the effect of
 (benchmarks/results/faultbench_fresh12_effect.json). Five of them name a cause of the taxonomy,
 three are outside it (the labels were taken from the cause list's names and families only).
 
-EFFECT: see benchmarks/results/faultbench_fresh12_effect.json (filled in below after the runs).
+Beyond the healthy seeds' spread (final train accuracy 0.375-0.473, rollout accuracy 0.352-0.421
+over steps 24-30; 30 steps, faults from step 13, seeds 0-2): rollout_n_not_forwarded at both
+severities (obvious 0.186-0.266, subtle 0.232-0.291), trainer_dropout_left_on at both (obvious
+0.248-0.307; subtle 0.320-0.344, its rollout accuracy 0.334-0.346 under the band at every seed),
+loader_prompts_repeated_before_sampling at obvious (0.219-0.328; subtle 0.377-0.428 inside, but its
+rollout accuracy 0.321-0.329 under the band at every seed), optimizer_step_skipped_on_overflow at
+obvious (0.320-0.336; subtle 0.361-0.375, at the band's edge, rollout accuracy 0.338-0.344 just
+under) and rollouts_trained_from_stale_queue at obvious (0.207-0.342; subtle 0.291-0.398, two seeds
+under). No effect, kept as written: advantage_clipped_at_ratio_range (obvious 0.334-0.416, one seed
+under; subtle 0.375-0.432), eos_replaced_by_pad_in_trainer_batch (obvious 0.379-0.400; subtle
+0.342-0.428, one seed under: the policy's stop decision is not trained from the fault's step on, but
+the SFT start already stops after its short answers) and old_logp_from_previous_step_buffer (obvious
+0.354-0.410, subtle 0.342-0.443, one seed under at each). No kind has its own base overrides (the
+healthy control is each one's counterfactual); no kind crashed and none was changed after its runs.
 
 taxonomy    rollout_n_not_forwarded (data: no_signal), loader_prompts_repeated_before_sampling
             (data: duplicate_problems), trainer_dropout_left_on (system: rollout_mismatch),
@@ -176,7 +189,9 @@ class AdvantageClippedAtRatioRange(Fault):
     (ChenmienTan/RL2 PR#21: "Clip range should be [1 - eps, 1 + eps], not [eps, 1 + eps]"); no report
     of this exact mix-up was found. Emulated at the advantages: `adv.clamp(-c, c)` on every
     position (zeros stay zero). `subtle`: c 0.5; `obvious`: c 0.2. Label advantage_bug: the
-    estimator's output is wrong while the rewards and the mask are right."""
+    estimator's output is wrong while the rewards and the mask are right. On the benchmark's task it
+    did not move training beyond the healthy spread at either severity (three seeds; kept as
+    written: the advantages keep their signs, and Adam probably undoes much of their scale)."""
 
     name, family, cause, seam = "advantage_clipped_at_ratio_range", "credit_assignment", "advantage_bug", "advantage_clip"
     severities = {"subtle": {"c": 0.5}, "obvious": {"c": 0.2}}
@@ -231,7 +246,10 @@ class EosReplacedByPadInTrainerBatch(Fault):
     In a fraction `p` of the rows (drawn per step and row), every position in the loss mask whose id
     is one of the policy's stop ids gets the pad id; the mask, advantages and rollout log-probs are
     unchanged. `subtle`: p 0.3; `obvious`: p 1.0. Outside the taxonomy: the mask covers exactly
-    the sampled positions, but the ids the loss scores there are not the sampled ones."""
+    the sampled positions, but the ids the loss scores there are not the sampled ones. On the
+    benchmark's task it did not move training beyond the healthy spread (three seeds; kept as
+    written: probably because the SFT start already ends its short answers and 18 steps do not
+    un-learn it)."""
 
     name, family, cause, seam = "eos_replaced_by_pad_in_trainer_batch", "system", UNEXPLAINED, "target_ids"
     severities = {"subtle": {"p": 0.3}, "obvious": {"p": 1.0}}
@@ -265,7 +283,9 @@ class OldLogpFromPreviousStepBuffer(Fault):
     returned pi_old is the previous step's row b, cut or zero-padded to this step's length (row b
     absent last step: left as is). The first faulty step passes through. `subtle`: p 0.3; `obvious`:
     p 1.0. Outside the taxonomy: the rollouts, rewards and advantages are right; only the ratio's
-    denominator belongs to another sequence, which no cause names."""
+    denominator belongs to another sequence, which no cause names. On the benchmark's task it did
+    not move training beyond the healthy spread (three seeds, one under at each severity; kept as
+    written: a wrong ratio rescales or clips a token's gradient, it never turns its sign)."""
 
     name, family, cause, seam = "old_logp_from_previous_step_buffer", "credit_assignment", UNEXPLAINED, "old_logp_buffer"
     severities = {"subtle": {"p": 0.3}, "obvious": {"p": 1.0}}

@@ -18,8 +18,8 @@ obvious (0.320-0.336; subtle 0.361-0.375, at the band's edge, rollout accuracy 0
 under) and rollouts_trained_from_stale_queue at obvious (0.207-0.342; subtle 0.291-0.398, two seeds
 under). No effect, kept as written: advantage_clipped_at_ratio_range (obvious 0.334-0.416, one seed
 under; subtle 0.375-0.432), eos_replaced_by_pad_in_trainer_batch (obvious 0.379-0.400; subtle
-0.342-0.428, one seed under: the policy's stop decision is not trained from the fault's step on, but
-the SFT start already stops after its short answers) and old_logp_from_previous_step_buffer (obvious
+0.342-0.428, one seed under: its stop decision is no longer trained, but probably the SFT start
+already stops after its short answers) and old_logp_from_previous_step_buffer (obvious
 0.354-0.410, subtle 0.342-0.443, one seed under at each). No kind has its own base overrides (the
 healthy control is each one's counterfactual); no kind crashed and none was changed after its runs.
 

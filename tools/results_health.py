@@ -125,6 +125,8 @@ def read_health_extended(d):
         "unexp": _k_of_n(f.get("unexplained_rate_outside"), f.get("outside_detected")),
         "note": f"\n*This run:* {p['note']}\n" if p.get("note") else "",
         "held_module": p.get("held_module", "tether/health/faults/fresh5.py"),
+        # another blind set scored on the same code (the headline states it beside this file's held-out figure)
+        "held_also": f" ({p['held_also']})" if p.get("held_also") else "",
         "runs_line": p.get("runs_line") or (
             f"{f['runs']} runs of 30 RL steps, " + (f"{f['wall_seconds'] / 60:.0f} min on {p['workers']} workers" if not p.get("runs_reused")
             else f"resumed: the last {f['runs'] - p['runs_reused']} in {f['wall_seconds'] / 60:.0f} min on {p['workers']} workers")
@@ -142,7 +144,7 @@ HEALTH_EXTENDED = Entry(
     # the README's health line once this file exists (tools/gen_results.py HEADLINES: "health-extended")
     headline="on {kinds} injected training-fault kinds ({held_kinds} held out, scored before any tuning on them) the health layer's recall "
              "is {rec_o} (obvious faults) / {rec_s} (subtle); it names the cause first in {top1_t} of runs on the tuned kinds and "
-             "{top1_h} on the held-out ones, answers \"unexplained\" for {unexp} of the faults outside its taxonomy, "
+             "{top1_h} on the held-out ones{held_also}, answers \"unexplained\" for {unexp} of the faults outside its taxonomy, "
              "{fa} false alarms on healthy runs",
     text="""
 {kinds} fault kinds: {tuned_kinds} the layer's thresholds, cause predictions and confidence calibration were tuned

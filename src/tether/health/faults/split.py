@@ -66,8 +66,13 @@ The history of the split, so a reader can judge what "held out" means:
   frozen at 7c05d6d; held out in round 10 and scored once (top-1 0.36, 6 of 15 outside-taxonomy runs
   unexplained; first-look points: faultbench_first_look_r10.json), then seen: tuned kinds from round
   11 on.
-- `HELD_OUT`: 8 kinds written by another hand (faults/fresh11.py) and merged unread, not run by the
-  hand that tunes the layer before they are scored; 3 of them outside the taxonomy. Not yet scored.
+- `SEEN_ROUND11`: 8 kinds written by another hand (faults/fresh11.py) and merged unread while the code under
+  test was frozen at c929b18; held out in round 11 and scored once (benchmarks/results/faultbench_extended_r11.json's
+  held-out half: top-1 0.57, 11 of 17 outside-taxonomy runs "unexplained"; first-look points:
+  faultbench_first_look_r11.json), then seen: tuned kinds from round 12 on.
+- `HELD_OUT`: 8 kinds written by another hand (faults/fresh12.py) and merged unread, not run by the hand that
+  tunes the layer before they were scored; 3 of them outside the taxonomy. Round 12 ran them with the same
+  frozen code as round 11 (c929b18), so rounds 11 and 12 are two blind sets scored on one code.
 
 A kind in neither list (a user's `--fault module:Class`) is scored as `other`.
 """
@@ -118,12 +123,16 @@ SEEN_ROUND9 = ("reward_majority_vote", "advantage_integer_dtype", "gold_answer_m
 SEEN_ROUND10 = ("reward_decoded_from_second_token", "gold_negative_answer_unsigned", "advantage_discounted_to_go",
             "loss_grad_accum_mean_of_means", "sampler_suppressed_tokens", "adam_bias_correction_off",
             "ref_polyak_synced", "rollout_logp_tail_zero_padded")
-# the eleventh held-out set (faults/fresh11.py), written apart from the tuning (round 11)
-HELD_OUT = ("reward_overlong_buffer_negative", "loader_epoch_from_shard_length", "lr_scheduler_stepped_per_process",
+# the eleventh held-out set (faults/fresh11.py), held out in round 11, scored once, then seen
+SEEN_ROUND11 = ("reward_overlong_buffer_negative", "loader_epoch_from_shard_length", "lr_scheduler_stepped_per_process",
             "sampler_kv_cache_fp8", "kl_loss_summed_over_tokens", "ref_head_newly_initialized",
             "old_logp_scored_at_config_temperature", "resume_weights_from_start")
+# the twelfth held-out set (faults/fresh12.py), written apart from the tuning (round 12)
+HELD_OUT = ("rollout_n_not_forwarded", "loader_prompts_repeated_before_sampling", "trainer_dropout_left_on",
+            "optimizer_step_skipped_on_overflow", "advantage_clipped_at_ratio_range", "rollouts_trained_from_stale_queue",
+            "eos_replaced_by_pad_in_trainer_batch", "old_logp_from_previous_step_buffer")
 TUNED = (EARLIER + NEW_TUNED + SEEN_ONCE + SEEN_ROUND2 + SEEN_ROUND3 + SEEN_ROUND4 + SEEN_ROUND5 + SEEN_ROUND6
-         + SEEN_ROUND7 + SEEN_ROUND8 + SEEN_ROUND9 + SEEN_ROUND10)
+         + SEEN_ROUND7 + SEEN_ROUND8 + SEEN_ROUND9 + SEEN_ROUND10 + SEEN_ROUND11)
 
 
 def split_of(fault: str) -> str:
@@ -132,5 +141,5 @@ def split_of(fault: str) -> str:
 
 
 __all__ = ["EARLIER", "HELD_OUT", "NEW_TUNED", "SEEN_ONCE", "SEEN_ROUND2", "SEEN_ROUND3", "SEEN_ROUND4", "SEEN_ROUND5",
-           "SEEN_ROUND6", "SEEN_ROUND7", "SEEN_ROUND8", "SEEN_ROUND9", "SEEN_ROUND10", "TUNED",
+           "SEEN_ROUND6", "SEEN_ROUND7", "SEEN_ROUND8", "SEEN_ROUND9", "SEEN_ROUND10", "SEEN_ROUND11", "TUNED",
            "split_of"]

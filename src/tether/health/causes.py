@@ -113,10 +113,12 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"reward_noise": 2, "reward_noise:correct_unpaid": 4, "reward_noise:inconsistent": 4, "reward_hacking": 1,
            "regression": 0.5, "data_shift:unsolvable": 0.5, "reward_linkage": -5, "proxy_reward": -3}, (),
           "check the verifier / judge on labelled samples; increase n or use a stricter verifier",
-          quiet=_UPDATE_INTERNALS + ("reward_linkage:routed",)),
+          # correct answers underpaid by another term of the reward while its correctness term ranks them first
+          # is a reward that scores something else (`reward_noise:component`), not a noisy verifier
+          quiet=_UPDATE_INTERNALS + ("reward_linkage:routed", "reward_noise:component")),
     Cause("misaligned_reward", "reward", "the reward scores the wrong thing (inverted, or attached to the wrong samples)",
           {"reward_linkage": 2, "reward_linkage:linkage": 6, "reward_linkage:inverted": 6, "reward_linkage:routed": 6,
-           "reward_noise": 0.5, "regression": 0.3, "accuracy_drop": 0.3}, ("halt",),
+           "reward_noise:component": 6, "reward_noise": 0.5, "regression": 0.3, "accuracy_drop": 0.3}, ("halt",),
           "check the reward's sign and that each reward record is indexed by the sample it scores",
           quiet=_UPDATE_INTERNALS),
     Cause("reward_failures", "reward", "reward function failing (errors, time-outs, invalid values)",

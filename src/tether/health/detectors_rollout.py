@@ -71,12 +71,14 @@ class RewardNoiseDetector(Detector):
     """The reward stopped tracking verified correctness: identical responses to one prompt are
     paid differently more often than during the baseline (`inconsistent`: a reward that is a
     function of prompt and response never does it; a timing-out verifier, a sampled judge, a
-    random term does), correct samples are paid less than during the baseline
-    (`correct_unpaid`), or the reward no longer ranks correct samples above incorrect ones of the
-    same group (`auc`): a noisy, broken or mis-scaled reward."""
+    random term does), correct samples are paid less than during the baseline (`correct_unpaid`;
+    `component` when the reward's correctness term still ranks every correct sample first, so another
+    term of the sum takes their pay: a shaping term that scores something else, not a noisy verifier),
+    or the reward no longer ranks correct samples above incorrect ones of the same group (`auc`): a
+    noisy, broken or mis-scaled reward."""
 
     name, mode = "reward_noise", "reward_noise"
-    defaults = {"drop": 0.12, "unpaid": 0.12, "split": 0.05}
+    defaults = {"drop": 0.12, "unpaid": 0.12, "split": 0.05, "exact": 0.99, "term_agree": 0.9}
 
     def evaluate(self, h, ctx):
         # a baseline, not 0: a reward with a deliberate random term pays identical responses differently from step 1
@@ -92,8 +94,16 @@ class RewardNoiseDetector(Detector):
         x = _recent_mean(h, "health/reward_correct_mean", 2)
         if base is not None and x is not None and x < base.median - max(self.p["unpaid"], 4 * base.scale):
             level = 2 if x < base.median - 2 * self.p["unpaid"] else 1
-            return level, f"verified-correct samples are paid {x:.3g} on average (baseline {base.median:.3g})", {
-                "health/reward_correct_mean": _ev(x, base), "rule": "correct_unpaid"}
+            msg = f"verified-correct samples are paid {x:.3g} on average (baseline {base.median:.3g})"
+            ev = {"health/reward_correct_mean": _ev(x, base), "rule": "correct_unpaid"}
+            exact, others = self.other_terms(h, ctx)
+            if others:
+                # the reward's correctness term ranks every correct sample first, so the pay they lose is taken by
+                # another term of the sum: the reward scores something besides correctness, not a noisy verifier
+                msg += (f"; its correctness term {exact!r} still ranks every correct sample first, so another term "
+                        "takes the pay: " + ", ".join(f"{c!r} (agreement {v:.2f})" for c, v in others.items()))
+                ev.update(rule="component", terms=others)
+            return level, msg, ev
         base, x = h.baseline("health/reward_correct_auc", abs_floor=0.01), _recent_mean(h, "health/reward_correct_auc", 2)
         if base is None or x is None:
             return OK
@@ -103,6 +113,20 @@ class RewardNoiseDetector(Detector):
                 "health/reward_correct_auc": _ev(x, base), "rule": "auc"}
         return OK
 
+
+    def other_terms(self, h, ctx) -> tuple[str | None, dict[str, float]]:
+        """(the correctness term, {other term: its agreement}) when the reward's correctness term agrees with
+        the verdicts on every pair of the last two steps (`health/reward_agreement/<c>` >= `exact`) and other
+        terms of the sum agree less than `term_agree`; ({} otherwise: a verifier that itself misses correct
+        answers, or a reward of one term)."""
+        prefix = "health/reward_agreement/"
+        agree = {k[len(prefix):]: _recent_mean(h, k, 2) for k in (h.rows[-1] if h.rows else {}) if k.startswith(prefix)}
+        agree = {c: v for c, v in agree.items() if v is not None}
+        exact = ctx.correctness if ctx is not None and ctx.correctness in agree else (
+            max(agree, key=agree.get) if agree else None)
+        if exact is None or agree[exact] < self.p["exact"]:
+            return None, {}
+        return exact, {c: round(v, 4) for c, v in sorted(agree.items()) if c != exact and v < self.p["term_agree"]}
 
 @register_detector
 class ErrorSurgeDetector(Detector):

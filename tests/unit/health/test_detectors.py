@@ -339,6 +339,29 @@ def test_a_fifth_of_the_correct_samples_unpaid_by_a_verifier():
     assert replay(series(30, 3, pay(1.0)), detector="reward_noise") == []
 
 
+def test_correct_samples_underpaid_by_another_term_of_the_reward():
+    """`component`: correct samples paid 0.75 from step 15 while the correctness term still ranks every correct
+    sample first (agreement 1.0) - the pay is taken by another term (a length penalty, agreement 0.5); the same
+    drop with the correctness term itself disagreeing (0.8), or with no other term, stays `correct_unpaid`."""
+    from tether.health.diagnosis import diagnose
+
+    def run(exact, penalty):
+        mods = {"c": _set("health/reward_correct_mean", lambda r, s: 1.0 if s < 15 else 0.75),
+                "e": _set("health/reward_agreement/exact_match", lambda r, s: 1.0 if s < 15 else exact)}
+        if penalty is not None:
+            mods["p"] = _set("health/reward_agreement/overlong_penalty", lambda r, s: 1.0 if s < 15 else penalty)
+        return replay(series(30, 3, mods), detector="reward_noise")  # the run's correctness term: exact_match
+
+    found = run(1.0, 0.5)
+    assert found and 15 <= found[0].step <= 17 and found[0].evidence["rule"] == "component"
+    assert found[0].evidence["terms"] == {"overlong_penalty": 0.5} and "'overlong_penalty'" in found[0].message
+    assert diagnose(found)[0].cause == "misaligned_reward"
+    for exact, penalty in ((0.8, 0.5), (1.0, None), (1.0, 0.95)):
+        other = run(exact, penalty)
+        assert other and other[0].evidence["rule"] == "correct_unpaid", (exact, penalty)
+        assert diagnose(other)[0].cause == "noisy_reward"
+
+
 def test_identical_responses_paid_differently_is_noise_against_a_baseline():
     """`inconsistent`: a deterministic reward splits no cluster of identical responses; a verifier that
     starts timing out at step 15 splits a third of them (critical); a reward with a random term that split

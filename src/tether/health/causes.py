@@ -193,7 +193,10 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           {"truncation": 3, "no_signal": 1.5, "length": 0.3}, ("raise_max_tokens", "raise_max_tokens_x4"),
           "raise rollout.sampling.max_new_tokens (or add overlong shaping)"),
     Cause("no_signal", "data", "no learning signal (tasks all solved or all failed)",
-          {"no_signal": 2}, (), "adjust task difficulty, raise rollout.n, enable dynamic sampling"),
+          # fewer samples a prompt than earlier in the run (the sampler no longer given rollout.n) leave more
+          # groups all right or all wrong: no spread, and more problems with no correct sample
+          {"no_signal": 2, "group_structure:shrunk": 4, "data_shift:unsolvable": 0.5}, (),
+          "adjust task difficulty, raise rollout.n (check the sampler receives it), enable dynamic sampling"),
 )}
 
 

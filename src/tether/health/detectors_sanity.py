@@ -165,7 +165,9 @@ class AdvantageInvariantDetector(Detector):
 
 @register_detector
 class GroupStructureDetector(Detector):
-    """Groups that do not hold `rollout.n` samples, or the same task several times in one step."""
+    """Groups that do not hold `rollout.n` samples (`size`), fewer samples a group than earlier in the run
+    (`shrunk`: every group smaller than the baseline's largest, e.g. a sampler no longer given rollout.n; fewer
+    samples a prompt leave fewer groups with a reward spread), or the same task several times in one step."""
 
     name, mode, needs_baseline = "group_structure", "credit_assignment", False
     defaults = {"duplicate": 0.0}
@@ -175,6 +177,11 @@ class GroupStructureDetector(Detector):
         if ctx.rollout_n and lo is not None and hi is not None and (lo != ctx.rollout_n or hi != ctx.rollout_n):
             return 2, f"groups hold {lo:.0f}-{hi:.0f} samples (rollout.n = {ctx.rollout_n})", {
                 "health/group_size_min": {"value": lo, "expected": ctx.rollout_n}, "rule": "size"}
+        base = h.baseline("health/group_size_max", rel_floor=0.0, abs_floor=0.0)
+        if base is not None and lo is not None and hi is not None and hi < base.median:
+            return 2, (f"groups hold {lo:.0f}-{hi:.0f} samples, down from {base.median:.0f} earlier in the run: fewer "
+                       "samples a prompt leave fewer groups with a reward spread"), {
+                "health/group_size_max": {"value": hi, "baseline": base.median}, "rule": "shrunk"}
         dup = finite(h.latest("health/dup_task_frac"))
         if ctx.distinct_tasks and dup is not None and dup > self.p["duplicate"]:
             # one epoch boundary inside a step repeats a few tasks once; persistence (2 of 3 steps) rules it out

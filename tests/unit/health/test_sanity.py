@@ -129,6 +129,21 @@ def test_group_size_mismatch_is_a_grouping_bug_at_once():
     assert diagnose([f])[0].cause == "grouping_bug"
 
 
+def test_groups_smaller_than_earlier_in_the_run_leave_no_signal():
+    """`shrunk`: 8 samples a prompt until step 14, 2 from step 15 (the sampler no longer given rollout.n, the run's
+    own setting following it, so `size` has nothing to compare with): found at step 15 and named no_signal; the
+    same 30 steps at 8 samples, or with only some groups smaller (rows filtered), stay quiet."""
+    free = RunContext("exact_match", {"exact_match": 1.0}, 0, rollout_n=0, advantage="grpo")
+    two = lambda r, s: r.update({"health/group_size_min": 2.0, "health/group_size_max": 2.0})  # noqa: E731
+    f = first(run(two, n=30, ctx=free, start=15), "group_structure")
+    assert f is not None and f.step == 15 and f.evidence["rule"] == "shrunk"
+    assert f.evidence["health/group_size_max"] == {"value": 2.0, "baseline": 8.0}
+    assert diagnose([f])[0].cause == "no_signal"
+    assert first(run(n=30, ctx=free), "group_structure") is None
+    some = lambda r, s: r.update({"health/group_size_min": 5.0})  # noqa: E731
+    assert first(run(some, n=30, ctx=free, start=15), "group_structure") is None
+
+
 def test_duplicates_every_step_are_flagged_on_the_second_step():
     f = first(run(lambda r, s: r.update({"health/dup_task_frac": 0.25})), "group_structure")
     assert f is not None and f.step == 2 and f.evidence["rule"] == "duplicate"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from tether.health.detectors import OK, Detector, History, RunContext, _ev, _recent_mean, register_detector
+from tether.health.detectors_learned import TRAIN_PREFIX
 from tether.health.detectors_sanity import logp_shift_evidence
 from tether.health.telemetry import finite
 
@@ -119,8 +120,8 @@ class RewardNoiseDetector(Detector):
         the verdicts on every pair of the last two steps (`health/reward_agreement/<c>` >= `exact`) and other
         terms of the sum agree less than `term_agree`; ({} otherwise: a verifier that itself misses correct
         answers, or a reward of one term)."""
-        prefix = "health/reward_agreement/"
-        agree = {k[len(prefix):]: _recent_mean(h, k, 2) for k in (h.rows[-1] if h.rows else {}) if k.startswith(prefix)}
+        agree = {k[len(TRAIN_PREFIX):]: _recent_mean(h, k, 2) for k in (h.rows[-1] if h.rows else {})
+                 if k.startswith(TRAIN_PREFIX)}
         agree = {c: v for c, v in agree.items() if v is not None}
         exact = ctx.correctness if ctx is not None and ctx.correctness in agree else (
             max(agree, key=agree.get) if agree else None)
